@@ -1,0 +1,47 @@
+# One command to a running course, one to the whole test suite.
+#   make lab      set up .venv (first time) and open the course in JupyterLab
+#   make test     set up .venv (first time), lint, and run every test and notebook
+#   make student  write student notebooks (solutions removed) to student/
+#   make figures  regenerate figures/ from the package
+#   make notebooks  re-execute every notebook in place (after changing code)
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# The torch build to install. torch==2.13.0 is the CPU build on the course's CI machine;
+# on a laptop it is whatever PyPI serves for it (CUDA on Linux x86, MPS/CPU on macOS).
+TORCH ?= torch==2.13.0
+STAMP := $(VENV)/.selfattn-installed
+LAB_ARGS ?=
+PYTEST_ARGS ?=
+
+.PHONY: install lab test student figures notebooks clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet "$(TORCH)"
+	$(PY) -m pip install --quiet -e ".[all]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+lab: install
+	$(VENV)/bin/jupyter lab --notebook-dir=notebooks $(LAB_ARGS)
+
+test: install
+	$(PY) -m ruff check .
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+student: install
+	$(PY) -m selfattn_lite.student notebooks student
+
+figures: install
+	$(PY) -m selfattn_lite.figures figures
+
+notebooks: install
+	cd notebooks && for nb in [0-9][0-9]_*.ipynb; do \
+		../$(PY) -m jupyter nbconvert --to notebook --execute --inplace "$$nb" || exit 1; done
+
+clean:
+	rm -rf $(VENV) student .pytest_cache .ruff_cache .hypothesis

@@ -1,0 +1,41 @@
+"""selfattn_lite: the package behind the selfattn-course notebooks.
+
+Self-attention written out in plain PyTorch: a transparent twin of torch's APIs that
+also returns what torch hides (the attention weights), checked against torch in tests.
+
+Modules: attention, masks, multihead, positions, kv_cache, efficient, models, viz,
+explore, bench, exercises, figures. The main names are importable from here.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from .attention import scaled_dot_product_attention
+from .masks import causal_mask, combine_masks, padding_mask, to_additive
+
+__version__ = "0.1.0"
+
+# Names that live in heavier modules, imported on first use.
+_LAZY = {
+    "MultiHeadAttention": "multihead",
+    "RotaryEmbedding": "positions",
+    "sinusoidal_encoding": "positions",
+    "alibi_slopes": "positions",
+    "alibi_bias": "positions",
+    "KVCache": "kv_cache",
+    "kv_cache_bytes": "kv_cache",
+    "flash_attention": "efficient",
+}
+
+__all__ = ["scaled_dot_product_attention", "causal_mask", "combine_masks", "padding_mask", "to_additive",
+           *_LAZY]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    try:
+        return importlib.import_module(f".{name}", __name__)  # submodules: selfattn_lite.viz, ...
+    except ModuleNotFoundError:
+        raise AttributeError(f"module 'selfattn_lite' has no attribute {name!r}") from None

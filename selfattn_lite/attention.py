@@ -1,0 +1,175 @@
+"""Scaled dot-product attention, written out explicitly.
+
+A transparent twin of ``torch.nn.functional.scaled_dot_product_attention``: the same
+arguments and semantics, but every step is plain tensor code and the attention
+weights are returned next to the output, so a learner can look at them.
+
+    Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k) + M) V
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+__all__ = ["scaled_dot_product_attention", "safe_softmax", "validate_qkv", "validate_mask"]
+
+HALF_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def _shape(t: Tensor) -> str:
+    return "(" + ", ".join(str(s) for s in t.shape) + ")"
+
+
+def validate_qkv(query: Tensor, key: Tensor, value: Tensor, *, enable_gqa: bool = False) -> None:
+    """Check that query (..., Hq, L, E), key (..., H, S, E), value (..., H, S, Ev) fit together.
+
+    Raises:
+        ValueError: naming the shapes when they do not fit.
+    """
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(t, Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() < 2:
+            raise ValueError(f"{name} must have at least 2 dims (..., seq, dim), got shape {_shape(t)}")
+        if not t.is_floating_point():
+            raise ValueError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
+    if not (query.dtype == key.dtype == value.dtype):
+        raise ValueError(
+            f"query, key and value must share a dtype, got {query.dtype}, {key.dtype}, {value.dtype}"
+        )
+    if not (query.dim() == key.dim() == value.dim()):
+        raise ValueError(
+            "query, key and value must have the same number of dims, got "
+            f"query {_shape(query)}, key {_shape(key)}, value {_shape(value)}"
+        )
+    if query.shape[-1] != key.shape[-1]:
+        raise ValueError(
+            f"query and key must share the last dim E: query {_shape(query)} has E={query.shape[-1]}, "
+            f"key {_shape(key)} has E={key.shape[-1]}"
+        )
+    if key.shape[:-1] != value.shape[:-1]:
+        raise ValueError(
+            f"key (..., S, E) and value (..., S, Ev) must agree except in the last dim: "
+            f"key {_shape(key)}, value {_shape(value)}"
+        )
+    q_lead, k_lead = list(query.shape[:-2]), list(key.shape[:-2])
+    if enable_gqa:
+        if query.dim() < 3:
+            raise ValueError(f"enable_gqa needs a head dim: query (..., Hq, L, E), got {_shape(query)}")
+        hq, hkv = query.shape[-3], key.shape[-3]
+        if hq % hkv != 0:
+            raise ValueError(
+                f"enable_gqa: query heads Hq={hq} must be a multiple of key/value heads H={hkv} "
+                f"(query {_shape(query)}, key {_shape(key)})"
+            )
+        q_lead[-1] = k_lead[-1] = 1  # heads are matched by grouping, not broadcasting
+    try:
+        torch.broadcast_shapes(tuple(q_lead), tuple(k_lead))
+    except RuntimeError:
+        raise ValueError(
+            f"the batch/head dims of query {_shape(query)} and key {_shape(key)} do not broadcast"
+            + ("" if enable_gqa else " (different head counts need enable_gqa=True)")
+        ) from None
+
+
+def validate_mask(attn_mask: Tensor, scores_shape: torch.Size) -> None:
+    """Check that a mask is boolean or floating and broadcasts to the scores (..., L, S)."""
+    if not isinstance(attn_mask, Tensor):
+        raise ValueError(f"attn_mask must be a torch.Tensor, got {type(attn_mask).__name__}")
+    if attn_mask.dtype != torch.bool and not attn_mask.is_floating_point():
+        raise ValueError(
+            f"attn_mask must be bool (True = may attend) or floating (added to the scores), "
+            f"got dtype {attn_mask.dtype}"
+        )
+    scores = "(" + ", ".join(str(s) for s in scores_shape) + ")"
+    try:
+        broadcast = torch.broadcast_shapes(attn_mask.shape, scores_shape)
+    except RuntimeError:
+        broadcast = None
+    if broadcast != scores_shape:
+        raise ValueError(
+            f"attn_mask of shape {_shape(attn_mask)} does not broadcast to the scores (..., L, S) "
+            f"of shape {scores}"
+        )
+
+
+def safe_softmax(scores: Tensor, dim: int = -1) -> Tensor:
+    """Softmax that gives zeros, not NaN, on a row where every score is -inf.
+
+    A fully masked row has no key to attend to; torch >= 2.5 returns zero weights
+    (and so a zero output) there, and so do we.
+    """
+    weights = torch.softmax(scores, dim=dim)
+    fully_masked = torch.isneginf(scores).all(dim=dim, keepdim=True)
+    return weights.masked_fill(fully_masked, 0.0)
+
+
+def scaled_dot_product_attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attn_mask: Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> tuple[Tensor, Tensor]:
+    """softmax(Q K^T * scale + M) V, with the weights.
+
+    Same arguments and semantics as ``torch.nn.functional.scaled_dot_product_attention``.
+
+    Args:
+        query: (..., Hq, L, E) queries; any number of leading dims.
+        key: (..., H, S, E) keys.
+        value: (..., H, S, Ev) values.
+        attn_mask: broadcastable to (..., L, S). Boolean: True = may attend.
+            Floating: added to the scores (0 = attend, -inf = never).
+        dropout_p: probability of zeroing a weight (applied whenever > 0, as torch does;
+            pass 0.0 in eval mode yourself).
+        is_causal: query i sees keys 0..i (aligned top-left, like torch). Not with attn_mask.
+        scale: multiplies the scores; default 1 / sqrt(E).
+        enable_gqa: allow Hq to be a multiple of H; key/value head j serves query heads
+            j*g .. (j+1)*g - 1 where g = Hq / H (``repeat_interleave``).
+
+    Returns:
+        output (..., Hq, L, Ev) in the input dtype, and weights (..., Hq, L, S), the
+        (post-dropout) attention probabilities, also in the input dtype. A query row
+        with every key masked gets zero weights and a zero output. Half-precision
+        inputs are computed in float32 and cast back.
+    """
+    validate_qkv(query, key, value, enable_gqa=enable_gqa)
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    if is_causal and attn_mask is not None:
+        raise ValueError("pass either attn_mask or is_causal=True, not both (build a combined mask instead)")
+    L, S, E = query.shape[-2], key.shape[-2], query.shape[-1]
+    if scale is None:
+        scale = 1.0 / math.sqrt(E)
+
+    if enable_gqa:
+        group = query.shape[-3] // key.shape[-3]
+        key = key.repeat_interleave(group, dim=-3)      # (..., Hq, S, E)
+        value = value.repeat_interleave(group, dim=-3)  # (..., Hq, S, Ev)
+
+    dtype = query.dtype
+    compute = torch.float32 if dtype in HALF_DTYPES else dtype
+    q, k, v = query.to(compute), key.to(compute), value.to(compute)
+
+    scores = (q @ k.transpose(-2, -1)) * scale          # (..., Hq, L, S)
+    if is_causal:
+        attn_mask = torch.ones(L, S, dtype=torch.bool, device=q.device).tril()
+    if attn_mask is not None:
+        validate_mask(attn_mask, scores.shape)
+        if attn_mask.dtype == torch.bool:
+            scores = scores.masked_fill(~attn_mask, float("-inf"))
+        else:
+            scores = scores + attn_mask.to(compute)
+
+    weights = safe_softmax(scores, dim=-1)              # (..., Hq, L, S), rows sum to 1
+    if dropout_p > 0.0:
+        weights = torch.dropout(weights, dropout_p, train=True)
+    output = weights @ v                                # (..., Hq, L, Ev)
+    return output.to(dtype), weights.to(dtype)

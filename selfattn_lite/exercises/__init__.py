@@ -1,0 +1,59 @@
+"""Checkers for the notebooks' exercises, one module per notebook (nb01, nb02, ...).
+
+A checker runs the learner's code on fresh inputs and compares it with a reference.
+It prints a one-line success message, or raises ``ExerciseError`` saying what is
+wrong (a shape, a missing scale, a flipped mask...) rather than only "wrong".
+A function that still raises ``NotImplementedError`` is reported as not attempted
+(no exception), so a student notebook runs top to bottom before it is filled in.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+__all__ = ["ExerciseError", "NotAttempted", "attempt", "passed", "close", "not_attempted"]
+
+
+class ExerciseError(AssertionError):
+    """The learner's answer is wrong; the message says how."""
+
+
+class NotAttempted(Exception):
+    """The exercise still raises NotImplementedError."""
+
+
+def attempt(fn: Callable, *args, **kwargs):
+    """Call the learner's function; NotImplementedError becomes ``NotAttempted``."""
+    try:
+        return fn(*args, **kwargs)
+    except NotImplementedError:
+        raise NotAttempted from None
+
+
+def not_attempted(name: str) -> bool:
+    print(f"Not attempted yet: fill in `{name}` above (replace `raise NotImplementedError`) and run this cell again.")
+    return False
+
+
+def passed(message: str) -> bool:
+    print(f"Correct: {message}")
+    return True
+
+
+def close(a, b, atol: float = 1e-5, rtol: float = 1e-4) -> bool:
+    """True when a and b are tensors of the same shape and agree within tolerance."""
+    a, b = torch.as_tensor(a), torch.as_tensor(b)
+    if a.shape != b.shape:
+        return False
+    return torch.allclose(a.to(torch.float64), b.to(torch.float64), atol=atol, rtol=rtol, equal_nan=False)
+
+
+def require_tensor(name: str, x, shape: tuple | None = None) -> torch.Tensor:
+    """Raise ExerciseError unless x is a tensor of the expected shape."""
+    if not isinstance(x, torch.Tensor):
+        raise ExerciseError(f"{name} should be a torch.Tensor, got {type(x).__name__}")
+    if shape is not None and tuple(x.shape) != tuple(shape):
+        raise ExerciseError(f"{name} should have shape {tuple(shape)}, got {tuple(x.shape)}")
+    return x

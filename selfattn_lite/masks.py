@@ -1,0 +1,116 @@
+"""Attention masks. Every boolean mask here means True = may attend, as in torch SDPA.
+
+Shapes: a mask broadcasts to the scores (..., L, S), L queries by S keys.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "causal_mask",
+    "padding_mask",
+    "key_padding_to_attn_mask",
+    "combine_masks",
+    "to_additive",
+    "is_fully_masked",
+]
+
+
+def _check_len(name: str, n: int) -> int:
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"{name} must be a positive int, got {n!r}")
+    return n
+
+
+def causal_mask(L: int, S: int | None = None, *, bottom_right: bool = False, device=None) -> Tensor:
+    """Boolean causal mask (L, S): query i may attend to key j when j <= i (+ offset).
+
+    Top-left alignment (torch's ``is_causal=True``): query i sees keys 0..i.
+    Bottom-right alignment: the L queries are the *last* L positions of S keys, so
+    query i sees keys 0..i + (S - L). That is the one to use when new queries follow
+    cached keys during decoding.
+
+    Args:
+        L: number of queries. S: number of keys (default L).
+        bottom_right: align the diagonal to the bottom-right corner.
+
+    Returns:
+        (L, S) bool tensor, True = may attend.
+    """
+    L = _check_len("L", L)
+    S = L if S is None else _check_len("S", S)
+    offset = S - L if bottom_right else 0
+    return torch.ones(L, S, dtype=torch.bool, device=device).tril(diagonal=offset)
+
+
+def padding_mask(lengths, max_len: int | None = None) -> Tensor:
+    """Boolean (B, max_len) mask of real tokens: True = real token, False = padding.
+
+    Args:
+        lengths: (B,) sequence lengths (list or int tensor), each 0 <= length <= max_len.
+        max_len: padded length (default: the largest length).
+
+    Returns:
+        (B, max_len) bool tensor. To use it as an attention mask over keys, index it as
+        ``mask[:, None, None, :]`` -> (B, 1, 1, S), or call ``key_padding_to_attn_mask``.
+    """
+    lengths = torch.as_tensor(lengths)
+    if lengths.dim() != 1 or lengths.is_floating_point() or lengths.dtype == torch.bool:
+        raise ValueError(f"lengths must be a 1-D integer sequence, got shape {tuple(lengths.shape)} "
+                         f"and dtype {lengths.dtype}")
+    if max_len is None:
+        max_len = int(lengths.max()) if len(lengths) else 0
+    if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 0:
+        raise ValueError(f"max_len must be a non-negative int, got {max_len!r}")
+    if len(lengths) and (lengths.min() < 0 or lengths.max() > max_len):
+        raise ValueError(f"every length must be in [0, max_len={max_len}], got {lengths.tolist()}")
+    positions = torch.arange(max_len, device=lengths.device)   # (max_len,)
+    return positions[None, :] < lengths[:, None]               # (B, max_len)
+
+
+def key_padding_to_attn_mask(real_tokens: Tensor) -> Tensor:
+    """(B, S) True = real key -> (B, 1, 1, S) attention mask over (B, h, L, S) scores."""
+    if real_tokens.dtype != torch.bool or real_tokens.dim() != 2:
+        raise ValueError(f"expected a (B, S) bool mask, got shape {tuple(real_tokens.shape)} "
+                         f"and dtype {real_tokens.dtype}")
+    return real_tokens[:, None, None, :]
+
+
+def combine_masks(*masks: Tensor | None) -> Tensor | None:
+    """AND of boolean masks (a pair may attend only if every mask allows it), broadcast.
+
+    ``None`` entries are skipped; returns None if all are None.
+    """
+    present = [m for m in masks if m is not None]
+    for m in present:
+        if m.dtype != torch.bool:
+            raise ValueError(f"combine_masks takes bool masks (True = may attend), got dtype {m.dtype}; "
+                             "add float masks instead")
+    if not present:
+        return None
+    try:
+        torch.broadcast_shapes(*(m.shape for m in present))
+    except RuntimeError:
+        shapes = ", ".join(str(tuple(m.shape)) for m in present)
+        raise ValueError(f"masks of shapes {shapes} do not broadcast together") from None
+    out = present[0]
+    for m in present[1:]:
+        out = out & m
+    return out
+
+
+def to_additive(mask: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
+    """Boolean mask (True = may attend) -> additive mask M: 0 where allowed, -inf where not."""
+    if mask.dtype != torch.bool:
+        raise ValueError(f"to_additive expects a bool mask (True = may attend), got dtype {mask.dtype}")
+    zeros = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
+    return zeros.masked_fill(~mask, float("-inf"))
+
+
+def is_fully_masked(mask: Tensor) -> Tensor:
+    """(..., L) bool: True for the query rows of a (..., L, S) boolean mask that see no key."""
+    if mask.dtype != torch.bool:
+        raise ValueError(f"expected a bool mask, got dtype {mask.dtype}")
+    return ~mask.any(dim=-1)
