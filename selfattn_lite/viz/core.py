@@ -1,4 +1,4 @@
-"""Attention heatmaps, static and interactive.
+"""Static attention heatmap and the widget base class.
 
 Static figures use matplotlib (they read on GitHub and nbviewer). Widgets draw the
 same figure into an ``ipywidgets.Image`` and redraw it in place when a control moves:
