@@ -16,12 +16,11 @@ from __future__ import annotations
 import math
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
 
 __all__ = [
     "BenchRow",
@@ -198,7 +197,8 @@ def compare(impls: dict[str, Callable[[], object]], *, reference: str, flops: fl
         errors = {}
         for name, fn in impls.items():
             got = _first(fn())
-            torch.testing.assert_close(got, expected, **tol, msg=lambda m, n=name: f"{n} disagrees with {reference}: {m}")
+            torch.testing.assert_close(got, expected, **tol,
+                                       msg=lambda m, n=name: f"{n} disagrees with {reference}: {m}")
             errors[name] = (got.float() - expected.float()).abs().max().item()
         times = {name: time_fn(fn, device=device, budget_s=budget_s) for name, fn in impls.items()}
     peak = peak_tflops(device, expected.dtype)
@@ -270,7 +270,7 @@ def plot_rows(rows: list[BenchRow], ax=None, title: str | None = None):
     import matplotlib.pyplot as plt
 
     if ax is None:
-        _, ax = plt.subplots(figsize=(6, 0.5 + 0.45 * len(rows)))
+        _, ax = plt.subplots(figsize=(7, 1.2 + 0.45 * len(rows)))
     names = [r.name for r in rows][::-1]
     ms = [r.ms for r in rows][::-1]
     bars = ax.barh(names, ms, color="#0072B2")

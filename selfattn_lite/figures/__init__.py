@@ -18,6 +18,8 @@ def collect() -> dict:
     """All figures of all modules of this package: file name -> draw function."""
     figures = {}
     for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        if info.name.startswith("_"):
+            continue
         module = importlib.import_module(f"{__name__}.{info.name}")
         for name, draw in getattr(module, "FIGURES", {}).items():
             if name in figures:

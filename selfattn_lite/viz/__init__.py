@@ -13,7 +13,7 @@ from .core import *  # noqa: F403
 from .core import __all__ as _core_all
 
 __all__ = list(_core_all)
-for _info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+for _info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):  # noqa: F405
     if _info.name == "core":
         continue
     _module = importlib.import_module(f"{__name__}.{_info.name}")

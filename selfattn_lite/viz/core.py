@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import io
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
+import matplotlib
 import numpy as np
 import torch
 from matplotlib.axes import Axes
@@ -20,6 +21,7 @@ from matplotlib.figure import Figure
 __all__ = [
     "CMAP",
     "attention_heatmap",
+    "update_heatmap",
     "HeatmapWidget",
     "TemperatureWidget",
     "QueryWidget",
@@ -58,14 +60,14 @@ def attention_heatmap(weights, query_labels: Sequence[str] | None = None,
     for name, labels, n in (("query_labels", query_labels, L), ("key_labels", key_labels, S)):
         if labels is not None and len(labels) != n:
             raise ValueError(f"{name} has {len(labels)} labels for {n} {'rows' if n == L else 'columns'}")
-    if ax is None:
-        fig = Figure(figsize=(1.0 + 0.55 * max(S, 4), 0.8 + 0.5 * max(L, 3)))
-        FigureCanvasAgg(fig)
-        ax = fig.add_subplot()
+    if ax is None:  # a new pyplot figure, so it shows inline in a notebook
+        import matplotlib.pyplot as plt
+
+        _, ax = plt.subplots(figsize=(1.6 + 0.6 * max(S, 4), 1.0 + 0.5 * max(L, 3)))
     shown = np.ma.masked_array(w, mask=_as_numpy(masked).astype(bool) if masked is not None else None)
     cm = ax.figure.colorbar if colorbar else None
-    image = ax.imshow(shown, cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto", interpolation="nearest")
-    image.cmap.set_bad(MASKED_COLOR)
+    colormap = matplotlib.colormaps[cmap].with_extremes(bad=MASKED_COLOR)
+    image = ax.imshow(shown, cmap=colormap, vmin=vmin, vmax=vmax, aspect="auto", interpolation="nearest")
     if annotate is None:
         annotate = L <= 12 and S <= 12
     if annotate:
@@ -91,12 +93,36 @@ def attention_heatmap(weights, query_labels: Sequence[str] | None = None,
     return ax
 
 
+def update_heatmap(ax: Axes, weights, title: str | None = None, fmt: str = ".2f") -> None:
+    """Put new (L, S) values into a heatmap drawn by ``attention_heatmap`` (same shape), in place.
+
+    Much faster than drawing it again: the colours, the cell texts and the title change;
+    the axes, labels and colorbar stay.
+    """
+    w = _as_numpy(weights)
+    image = ax.images[0]
+    old = image.get_array()
+    image.set_data(np.ma.masked_array(w, mask=np.ma.getmaskarray(old)))
+    vmin, vmax = image.get_clim()
+    cells = [t for t in ax.texts if t.get_text() != "-inf"]
+    if cells:
+        visible = [(i, j) for i in range(w.shape[0]) for j in range(w.shape[1]) if not np.ma.getmaskarray(old)[i, j]]
+        for text, (i, j) in zip(cells, visible):
+            text.set_text(format(w[i, j], fmt))
+            text.set_color("black" if (w[i, j] - vmin) / max(vmax - vmin, 1e-12) > 0.6 else "white")
+    if title is not None:
+        ax.set_title(title)
+
+
 class HeatmapWidget:
     """Base class: controls above a figure drawn into an ``ipywidgets.Image``.
 
-    Subclasses implement ``draw(fig)``; ``update()`` recomputes and replaces the PNG
-    in place. ``self.figure`` is the current matplotlib figure (use it for a static
-    copy), ``self.renders`` counts redraws (handy in tests).
+    Subclasses implement ``draw(fig)`` (a full drawing) and may implement ``refresh(fig)``
+    (change the existing artists' data and return True, much faster) together with
+    ``dynamic_artists()`` (what refresh changes; the rest is rendered once and blitted).
+    ``update()`` recomputes and replaces the PNG in place. ``self.figure`` is the widget's
+    matplotlib figure, ``static_figure()`` a pyplot copy to show next to the widget, and
+    ``self.renders`` counts redraws (handy in tests).
     """
 
     def __init__(self, controls, figsize=(5.5, 4.0), dpi: int = 90):
@@ -107,6 +133,7 @@ class HeatmapWidget:
         self.image = widgets.Image(format="png")
         self.controls = list(controls)
         self.renders = 0
+        self._background = None
         for control in self.controls:
             control.observe(self._on_change, names="value")
         self.ui = widgets.VBox([widgets.HBox(self.controls), self.image])
@@ -117,15 +144,49 @@ class HeatmapWidget:
     def draw(self, fig: Figure) -> None:  # pragma: no cover - abstract
         raise NotImplementedError
 
+    def refresh(self, fig: Figure) -> bool:
+        """Update the drawn figure in place; False means "draw it again from scratch"."""
+        return False
+
+    def static_figure(self):
+        """Draw the current state into a new pyplot figure: the static copy shown next to the
+        widget, so the notebook also reads where widgets do not run (GitHub, nbviewer, HTML)."""
+        import matplotlib.pyplot as plt
+
+        fig = plt.figure(figsize=self.figure.get_size_inches(), dpi=self.figure.dpi)
+        self.draw(fig)
+        return fig
+
+    def dynamic_artists(self) -> list:
+        """Artists that ``refresh`` changes. When a subclass lists them, everything else is
+        rendered once and cached (blitting), and each update redraws only these."""
+        return []
+
     def png(self) -> bytes:
+        """The figure as PNG bytes (fast path: cached background + dynamic artists)."""
+        from PIL import Image
+
+        canvas = self.figure.canvas
+        dynamic = self.dynamic_artists()
+        if dynamic and self._background is not None:
+            canvas.restore_region(self._background)
+        else:
+            for artist in dynamic:
+                artist.set_animated(True)      # left out of canvas.draw(): the background
+            canvas.draw()
+            self._background = canvas.copy_from_bbox(self.figure.bbox) if dynamic else None
+        for artist in dynamic:
+            self.figure.draw_artist(artist)
         buffer = io.BytesIO()
-        self.figure.canvas.print_png(buffer)
+        Image.fromarray(np.asarray(canvas.buffer_rgba())).save(buffer, format="png", compress_level=1)
         return buffer.getvalue()
 
     def update(self) -> None:
         """Recompute, redraw the figure and swap the PNG shown by the widget."""
-        self.figure.clear()
-        self.draw(self.figure)
+        if self.renders == 0 or not self.refresh(self.figure):
+            self.figure.clear()
+            self.draw(self.figure)
+            self._background = None
         self.image.value = self.png()
         self.renders += 1
 
@@ -169,14 +230,26 @@ class TemperatureWidget(HeatmapWidget):
         """(L, S) current weights softmax(scores / T)."""
         return _softmax(self.scores / self.slider.value)
 
+    def _title(self, w: torch.Tensor) -> str:
+        entropy = -(w * w.clamp_min(1e-12).log()).sum(-1).mean().item()
+        return (f"T = {self.slider.value:.2f}: mean row entropy {entropy:.2f} nats "
+                f"(uniform: {math.log(w.shape[-1]):.2f})")
+
     def draw(self, fig: Figure) -> None:
         w = self.weights
-        entropy = -(w * w.clamp_min(1e-12).log()).sum(-1).mean().item()
         ax = fig.add_subplot()
-        attention_heatmap(w, self.query_labels, self.key_labels, ax=ax,
-                          title=f"softmax(scores / {self.slider.value:.2f}): mean row entropy "
-                                f"{entropy:.2f} nats (max {math.log(w.shape[-1]):.2f})")
+        attention_heatmap(w, self.query_labels, self.key_labels, ax=ax, title=self._title(w))
         ax.title.set_fontsize(9)
+        fig.tight_layout()
+
+    def refresh(self, fig: Figure) -> bool:
+        w = self.weights
+        update_heatmap(fig.axes[0], w, title=self._title(w))
+        return True
+
+    def dynamic_artists(self) -> list:
+        ax = self.figure.axes[0]
+        return [ax.images[0], *[t for t in ax.texts if t.get_text() != "-inf"], ax.title]
 
 
 class QueryWidget(HeatmapWidget):

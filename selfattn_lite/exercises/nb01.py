@@ -1,0 +1,89 @@
+"""Checkers for notebook 01: a stable row softmax and attention from scratch."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from . import ExerciseError, NotAttempted, attempt, close, not_attempted, passed, require_tensor
+
+__all__ = ["check_softmax", "check_attention"]
+
+
+def check_softmax(fn) -> None:
+    """``fn(x)`` must return softmax over the last dim of x, without overflowing."""
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(4, 4, generator=gen)
+    try:
+        got = attempt(fn, x.clone())
+    except NotAttempted:
+        return not_attempted("softmax_rows")
+    got = require_tensor("softmax_rows(x)", got, x.shape)
+    if close(got, torch.softmax(x, dim=0)) and not close(got, torch.softmax(x, dim=-1)):
+        raise ExerciseError("your columns sum to 1, not your rows: softmax runs over the keys, the last dim (dim=-1)")
+    if not close(got.sum(-1), torch.ones(4)):
+        raise ExerciseError(f"each row should sum to 1, yours sum to {got.sum(-1).tolist()}: divide exp(x) by its "
+                            "row sum (keepdim=True so it broadcasts)")
+    if not close(got, torch.softmax(x, dim=-1)):
+        raise ExerciseError("rows sum to 1 but the values differ from softmax: use exp(x_j) / sum_j exp(x_j)")
+    big = x * 1000
+    got_big = attempt(fn, big.clone())
+    if not torch.isfinite(got_big).all():
+        raise ExerciseError("scores of size ~1000 give inf/NaN: exp overflows. Subtract each row's max first "
+                            "(softmax(x) = softmax(x - max(x)))")
+    if not close(got_big, torch.softmax(big, dim=-1)):
+        raise ExerciseError("large scores give the wrong answer: subtract the row max, not the global max or mean")
+    return passed("a numerically stable softmax over the last dim")
+
+
+def check_attention(fn) -> None:
+    """``fn(q, k, v, mask=None)`` must return (output, weights) of scaled dot-product attention.
+
+    q (B, L, dk), k (B, S, dk), v (B, S, dv); mask (L, S) bool, True = may attend.
+    """
+    gen = torch.Generator().manual_seed(2)
+    B, L, S, dk, dv = 2, 4, 6, 8, 5
+    q = torch.randn(B, L, dk, generator=gen)
+    k = torch.randn(B, S, dk, generator=gen)
+    v = torch.randn(B, S, dv, generator=gen)
+    mask = torch.rand(L, S, generator=gen) > 0.4
+    mask[:, 0], mask[:, 1] = True, False  # every row allows some keys and forbids others
+    raw = q @ k.transpose(-2, -1)
+
+    def reference(scores, mask=None):
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        w = torch.softmax(scores, dim=-1)
+        return w @ v, w
+
+    try:
+        result = attempt(fn, q, k, v)
+    except NotAttempted:
+        return not_attempted("attention")
+    if not isinstance(result, tuple) or len(result) != 2:
+        raise ExerciseError("return a pair (output, weights)")
+    out, w = result
+    require_tensor("weights", w, (B, L, S))
+    require_tensor("output", out, (B, L, dv))
+    if close(w, reference(raw)[1]):
+        raise ExerciseError("the weights match softmax(Q K^T) without scaling: divide the scores by sqrt(dk)")
+    if close(w, reference(raw / dk)[1]):
+        raise ExerciseError("you divided the scores by dk: divide by sqrt(dk)")
+    if close(w, torch.softmax(raw / math.sqrt(dk), dim=-2)):
+        raise ExerciseError("softmax ran over the queries (dim=-2): normalise over the keys, dim=-1")
+    expected_out, expected_w = reference(raw / math.sqrt(dk))
+    if not close(w, expected_w):
+        raise ExerciseError("the weights differ from softmax(Q K^T / sqrt(dk)): check the transpose of K")
+    if not close(out, expected_out):
+        raise ExerciseError("the weights are right but the output is not weights @ V")
+    out_m, w_m = attempt(fn, q, k, v, mask)
+    if close(w_m, reference(raw / math.sqrt(dk), ~mask)[1]):
+        raise ExerciseError("mask polarity is flipped: in this course (and torch SDPA) True means 'may attend'; "
+                            "fill the scores with -inf where the mask is False")
+    if close(w_m, expected_w):
+        raise ExerciseError("the mask was ignored: set the scores to -inf where mask is False before the softmax")
+    expected_out_m, expected_w_m = reference(raw / math.sqrt(dk), mask)
+    if not close(w_m, expected_w_m) or not close(out_m, expected_out_m):
+        raise ExerciseError("with a mask the result is wrong: use scores.masked_fill(~mask, float('-inf'))")
+    return passed("softmax(Q K^T / sqrt(dk) + M) V, with the mask the right way round")

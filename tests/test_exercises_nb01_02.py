@@ -1,0 +1,118 @@
+"""The checkers of notebooks 01 and 02 accept right answers and diagnose typical wrong ones."""
+
+import math
+
+import pytest
+import torch
+
+from selfattn_lite.exercises import ExerciseError, nb01, nb02
+
+
+def good_softmax(x):
+    x = x - x.amax(-1, keepdim=True)
+    return x.exp() / x.exp().sum(-1, keepdim=True)
+
+
+def good_attention(q, k, v, mask=None):
+    s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf"))
+    w = torch.softmax(s, -1)
+    return w @ v, w
+
+
+def stub(*args):
+    raise NotImplementedError
+
+
+def test_softmax_checker(capsys):
+    nb01.check_softmax(good_softmax)
+    assert capsys.readouterr().out.startswith("Correct")
+    nb01.check_softmax(stub)
+    assert "Not attempted" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("wrong, match", [
+    (lambda x: torch.softmax(x, dim=0), "dim=-1"),
+    (lambda x: x.exp(), "sum to 1"),
+    (lambda x: x.exp() / x.exp().sum(-1, keepdim=True), "overflows"),
+    (lambda x: torch.full_like(x, 0.25), "differ from softmax"),
+])
+def test_softmax_checker_diagnoses(wrong, match):
+    with pytest.raises(ExerciseError, match=match):
+        nb01.check_softmax(wrong)
+
+
+def unscaled(q, k, v, mask=None):
+    w = torch.softmax(q @ k.transpose(-2, -1), -1)
+    return w @ v, w
+
+
+def by_dk(q, k, v, mask=None):
+    w = torch.softmax(q @ k.transpose(-2, -1) / q.shape[-1], -1)
+    return w @ v, w
+
+
+def wrong_dim(q, k, v, mask=None):
+    w = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), -2)
+    return w @ v, w
+
+
+def flipped_mask(q, k, v, mask=None):
+    return good_attention(q, k, v, None if mask is None else ~mask)
+
+
+def ignored_mask(q, k, v, mask=None):
+    return good_attention(q, k, v)
+
+
+def only_weights_right(q, k, v, mask=None):
+    out, w = good_attention(q, k, v, mask)
+    return out * 2, w
+
+
+@pytest.mark.parametrize("wrong, match", [
+    (unscaled, "sqrt\\(dk\\)"), (by_dk, "by dk"), (wrong_dim, "dim=-1"), (flipped_mask, "polarity"),
+    (ignored_mask, "ignored"), (only_weights_right, "output is not weights @ V"),
+    (lambda q, k, v, mask=None: good_attention(q, k, v)[0], "pair"),
+])
+def test_attention_checker_diagnoses(wrong, match):
+    with pytest.raises(ExerciseError, match=match):
+        nb01.check_attention(wrong)
+
+
+def test_attention_checker_accepts_right_answer(capsys):
+    nb01.check_attention(good_attention)
+    assert capsys.readouterr().out.startswith("Correct")
+    nb01.check_attention(stub)
+    assert "Not attempted" in capsys.readouterr().out
+
+
+def test_second_query_checker(capsys):
+    s = nb02.KEYS @ torch.tensor([0.0, 1.0]) / math.sqrt(2)
+    w = torch.softmax(s, -1)
+    nb02.check_second_query(w, w @ nb02.VALUES)
+    assert "Correct" in capsys.readouterr().out
+    nb02.check_second_query(None, None)
+    assert "Not attempted" in capsys.readouterr().out
+    with pytest.raises(ExerciseError, match="apply softmax"):
+        nb02.check_second_query(s, s @ nb02.VALUES)
+    with pytest.raises(ExerciseError, match="sqrt\\(2\\)"):
+        w_unscaled = torch.softmax(s * math.sqrt(2), -1)
+        nb02.check_second_query(w_unscaled, w_unscaled @ nb02.VALUES)
+    with pytest.raises(ExerciseError, match="weights @ VALUES"):
+        nb02.check_second_query(w, w @ nb02.KEYS)
+    with pytest.raises(ExerciseError, match=r"shape \(3,\)"):
+        nb02.check_second_query(w[:2], w @ nb02.VALUES)
+
+
+def test_weights_at_scale_checker(capsys):
+    q = torch.tensor([1.0, 0.0])
+    nb02.check_weights_at_scale(lambda c: torch.softmax(nb02.KEYS @ (c * q) / math.sqrt(2), -1))
+    assert "Correct" in capsys.readouterr().out
+    nb02.check_weights_at_scale(stub)
+    assert "Not attempted" in capsys.readouterr().out
+    with pytest.raises(ExerciseError, match="scale the query only"):
+        nb02.check_weights_at_scale(lambda c: torch.softmax((c * nb02.KEYS) @ (c * q) / math.sqrt(2), -1))
+    with pytest.raises(ExerciseError, match="1/sqrt"):
+        nb02.check_weights_at_scale(lambda c: torch.softmax(nb02.KEYS @ (c * q), -1))
