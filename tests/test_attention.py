@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 from selfattn_lite import scaled_dot_product_attention as sdpa
 from selfattn_lite.attention import safe_softmax
 
+# every device present: CPU here and in CI; CUDA too on a GPU machine (the same tests, not skipped ones)
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 TOL = {torch.float32: dict(atol=1e-5, rtol=1e-4), torch.float64: dict(atol=1e-10, rtol=1e-8),
        torch.float16: dict(atol=2e-3, rtol=2e-3), torch.bfloat16: dict(atol=1.6e-2, rtol=1.6e-2)}
 
@@ -23,11 +25,12 @@ def attention_inputs(draw, gqa=False):
     L, S = draw(st.integers(1, 9)), draw(st.integers(1, 9))
     E, Ev = draw(st.integers(1, 16)), draw(st.integers(1, 16))
     dtype = draw(st.sampled_from([torch.float32, torch.float64, torch.float16, torch.bfloat16]))
+    device = draw(st.sampled_from(DEVICES))
     seed = draw(st.integers(0, 2**31 - 1))
     g = torch.Generator().manual_seed(seed)
-    q = torch.randn(*lead, hq, L, E, generator=g).to(dtype)
-    k = torch.randn(*lead, hkv, S, E, generator=g).to(dtype)
-    v = torch.randn(*lead, hkv, S, Ev, generator=g).to(dtype)
+    q = torch.randn(*lead, hq, L, E, generator=g).to(device, dtype)
+    k = torch.randn(*lead, hkv, S, E, generator=g).to(device, dtype)
+    v = torch.randn(*lead, hkv, S, Ev, generator=g).to(device, dtype)
     return q, k, v, g
 
 
@@ -37,11 +40,11 @@ def mask_for(draw_kind, q, k, g):
     if draw_kind == "none":
         return None
     shape = (*q.shape[:-2], L, S) if draw_kind.endswith("full") else (L, S)
-    allowed = torch.rand(*shape, generator=g) > 0.5
+    allowed = (torch.rand(*shape, generator=g) > 0.5).to(q.device)
     allowed[..., 0, :] = False                       # the first query row is fully masked
     if draw_kind.startswith("bool"):
         return allowed
-    additive = torch.randn(*shape, generator=g).to(q.dtype)
+    additive = torch.randn(*shape, generator=g).to(q.device, q.dtype)
     return additive.masked_fill(~allowed, float("-inf"))
 
 
@@ -63,7 +66,7 @@ def test_is_causal_matches_torch_top_left(inputs):
     out, weights = sdpa(q, k, v, is_causal=True)
     torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, is_causal=True), **TOL[q.dtype])
     L, S = q.shape[-2], k.shape[-2]
-    above = ~torch.ones(L, S, dtype=torch.bool).tril()
+    above = ~torch.ones(L, S, dtype=torch.bool, device=q.device).tril()
     assert (weights[..., above] == 0).all()
 
 
@@ -83,7 +86,7 @@ def test_weights_rows_are_distributions_and_output_is_weights_at_v(inputs):
     q, k, v = q.double(), k.double(), v.double()
     out, weights = sdpa(q, k, v)
     assert (weights >= 0).all()
-    torch.testing.assert_close(weights.sum(-1), torch.ones(weights.shape[:-1], dtype=torch.float64))
+    torch.testing.assert_close(weights.sum(-1), torch.ones_like(weights[..., 0]))
     torch.testing.assert_close(out, weights @ v)
 
 
