@@ -1,0 +1,343 @@
+"""Multi-head attention: h heads of width d/h, concatenated and mixed by W_O.
+
+    head_i = Attention(X W_q^i, C W_k^i, C W_v^i)        C = X (self) or a context (cross)
+    MultiHead(X) = Concat(head_1, ..., head_h) W_O
+
+A transparent twin of ``torch.nn.MultiheadAttention`` (same ``key_padding_mask``
+polarity, importable with ``from_torch``), batch-first, with the extras a decoder
+needs: a causal flag, grouped-query heads (``n_kv_heads``), rotary positions and a
+KV cache. ``need_weights=True`` runs the explicit ``selfattn_lite`` attention and
+returns every head's weights; ``need_weights=False`` calls torch's fused
+``scaled_dot_product_attention``.
+
+Mask polarity, once more, because the two torch APIs differ:
+
+* ``key_padding_mask`` (B, S): True = padding, ignore that key (as ``nn.MultiheadAttention``).
+* ``attn_mask`` bool: True = may attend (as ``F.scaled_dot_product_attention``; the
+  *opposite* of ``nn.MultiheadAttention``'s bool ``attn_mask``). Float: added to the scores.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .attention import scaled_dot_product_attention
+from .masks import causal_mask, to_additive
+
+__all__ = ["MultiHeadAttention"]
+
+
+def _shape(t: Tensor) -> str:
+    return str(tuple(t.shape))
+
+
+def _positive_int(name: str, n) -> int:
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"{name} must be a positive int, got {n!r}")
+    return n
+
+
+def _sdpa_supports_gqa() -> bool:
+    """torch >= 2.5 takes ``enable_gqa``; older versions need repeat_interleave."""
+    major, minor = (int(p) for p in torch.__version__.split(".")[:2])
+    return (major, minor) >= (2, 5)
+
+
+_SDPA_GQA = _sdpa_supports_gqa()
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head (and grouped-query) attention, batch-first.
+
+    Args:
+        d_model: model width d; each head has width head_dim = d / n_heads.
+        n_heads: number of query heads h.
+        n_kv_heads: number of key/value heads (default h). h = MHA, 1 = MQA, between = GQA;
+            key/value head j serves query heads j*g .. (j+1)*g - 1, g = h / n_kv_heads.
+        causal: query i sees keys 0..i (with a kv_cache: every cached key too).
+        bias: add biases to the four projections.
+        rope: optional rotary embedding, called as ``rope(x, positions)`` on q and k
+            (B, heads, T, head_dim) after the head split (self-attention only).
+        dropout: dropout on the attention weights, in training mode only.
+        kdim, vdim: input widths of keys and values for cross-attention (default d_model),
+            as in ``nn.MultiheadAttention``.
+        batch_first: True (default): x is (B, T, d). False: x is (T, B, d) and so is the
+            output, like ``nn.MultiheadAttention(batch_first=False)``; ``from_torch`` copies it.
+
+    Submodules: ``q_proj`` (d -> d), ``k_proj`` and ``v_proj`` (d -> n_kv_heads * head_dim),
+    ``out_proj`` (d -> d), all ``nn.Linear``.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int | None = None, *, causal: bool = False,
+                 bias: bool = True, rope=None, dropout: float = 0.0, kdim: int | None = None,
+                 vdim: int | None = None, batch_first: bool = True, device=None, dtype=None):
+        super().__init__()
+        d_model, n_heads = _positive_int("d_model", d_model), _positive_int("n_heads", n_heads)
+        n_kv_heads = n_heads if n_kv_heads is None else _positive_int("n_kv_heads", n_kv_heads)
+        if d_model % n_heads != 0:
+            raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
+        if n_heads % n_kv_heads != 0:
+            raise ValueError(f"n_heads={n_heads} is not a multiple of n_kv_heads={n_kv_heads}")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        self.d_model, self.n_heads, self.n_kv_heads = d_model, n_heads, n_kv_heads
+        self.head_dim = d_model // n_heads
+        self.causal, self.rope, self.dropout, self.batch_first = causal, rope, dropout, batch_first
+        self.kdim = d_model if kdim is None else _positive_int("kdim", kdim)
+        self.vdim = d_model if vdim is None else _positive_int("vdim", vdim)
+        kv_width = n_kv_heads * self.head_dim
+        factory = dict(bias=bias, device=device, dtype=dtype)
+        self.q_proj = nn.Linear(d_model, d_model, **factory)
+        self.k_proj = nn.Linear(self.kdim, kv_width, **factory)
+        self.v_proj = nn.Linear(self.vdim, kv_width, **factory)
+        self.out_proj = nn.Linear(d_model, d_model, **factory)
+        self._packed = None  # (key, weight, bias) of the concatenated q/k/v projection
+
+    def extra_repr(self) -> str:
+        kv = "" if self.n_kv_heads == self.n_heads else f", n_kv_heads={self.n_kv_heads}"
+        return (f"d_model={self.d_model}, n_heads={self.n_heads}{kv}, head_dim={self.head_dim}, "
+                f"causal={self.causal}, dropout={self.dropout}, batch_first={self.batch_first}")
+
+    # ------------------------------------------------------------------ projections
+
+    def _packed_qkv(self) -> tuple[Tensor, Tensor | None]:
+        """W_q, W_k, W_v stacked into one (d + 2 * kv_width, d) matrix, rebuilt when they change.
+
+        One big matmul is what ``nn.MultiheadAttention`` does for self-attention; the cache
+        key holds each parameter's identity and version counter, so an optimizer step or
+        ``load_state_dict`` invalidates it.
+        """
+        params = [p for m in (self.q_proj, self.k_proj, self.v_proj) for p in (m.weight, m.bias) if p is not None]
+        key = tuple((id(p), p.data_ptr(), p._version) for p in params)
+        if self._packed is None or self._packed[0] != key:
+            weight = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])
+            bias = None
+            if self.q_proj.bias is not None:
+                bias = torch.cat([self.q_proj.bias, self.k_proj.bias, self.v_proj.bias])
+            self._packed = (key, weight, bias)
+        return self._packed[1], self._packed[2]
+
+    def _project(self, x: Tensor, key_in: Tensor, value_in: Tensor, self_attention: bool):
+        """q (B, L, d), k and v (B, S, n_kv_heads * head_dim)."""
+        if self_attention and not torch.is_grad_enabled() and self.kdim == self.vdim == self.d_model:
+            weight, bias = self._packed_qkv()      # inference: one matmul, as torch does
+            kv_width = self.n_kv_heads * self.head_dim
+            return F.linear(x, weight, bias).split([self.d_model, kv_width, kv_width], dim=-1)
+        return self.q_proj(x), self.k_proj(key_in), self.v_proj(value_in)
+
+    def _split_heads(self, t: Tensor, n_heads: int) -> Tensor:
+        """(B, T, n_heads * head_dim) -> (B, n_heads, T, head_dim)."""
+        B, T, _ = t.shape
+        return t.view(B, T, n_heads, self.head_dim).transpose(1, 2)
+
+    # ------------------------------------------------------------------ checks
+
+    def _check_inputs(self, x: Tensor, context) -> tuple[Tensor, Tensor]:
+        """Validate x and context; return (key input, value input), batch-first."""
+        if not isinstance(x, Tensor) or x.dim() != 3 or x.shape[-1] != self.d_model:
+            shape = _shape(x) if isinstance(x, Tensor) else type(x).__name__
+            layout = "(B, T, d_model)" if self.batch_first else "(T, B, d_model)"
+            raise ValueError(f"x must be {layout} with d_model={self.d_model}, got {shape}")
+        if not x.is_floating_point():
+            raise ValueError(f"x must be a floating-point tensor, got dtype {x.dtype}")
+        if context is None:
+            return x, x
+        key_in, value_in = context if isinstance(context, (tuple, list)) else (context, context)
+        for name, t, width in (("context (keys)", key_in, self.kdim), ("context (values)", value_in, self.vdim)):
+            if not isinstance(t, Tensor) or t.dim() != 3 or t.shape[-1] != width:
+                shape = _shape(t) if isinstance(t, Tensor) else type(t).__name__
+                raise ValueError(f"{name} must be (B, S, {width}), got {shape}")
+            if t.shape[0] != x.shape[0]:
+                raise ValueError(f"{name} has batch size {t.shape[0]} but x {_shape(x)} has {x.shape[0]}")
+        if key_in.shape[1] != value_in.shape[1]:
+            raise ValueError(f"keys {_shape(key_in)} and values {_shape(value_in)} need the same length S")
+        return key_in, value_in
+
+    def _positions(self, positions, B: int, T: int, start: int, device) -> Tensor:
+        """Absolute positions (T,) or (B, T) of the new tokens; default start + arange(T)."""
+        if positions is None:
+            return torch.arange(start, start + T, device=device)
+        positions = torch.as_tensor(positions, device=device)
+        if positions.is_floating_point() or positions.dtype == torch.bool:
+            raise ValueError(f"positions must be an integer tensor, got dtype {positions.dtype}")
+        if positions.shape not in ((T,), (B, T)):
+            raise ValueError(f"positions must have shape ({T},) or ({B}, {T}), got {_shape(positions)}")
+        return positions
+
+    # ------------------------------------------------------------------ masks
+
+    def _mask(self, B: int, L: int, S: int, key_padding_mask, attn_mask, cached: bool, like: Tensor):
+        """Combine causal, attn_mask and key_padding_mask into one mask for (B, h, L, S) scores.
+
+        Returns (mask, is_causal): mask is None, bool (True = may attend) or float (additive).
+        A lone causal mask on square scores is passed as ``is_causal=True`` instead.
+        """
+        scores_shape = (B, self.n_heads, L, S)
+        shape = str(scores_shape)
+        masks = []
+        if attn_mask is not None:
+            if not isinstance(attn_mask, Tensor):
+                raise ValueError(f"attn_mask must be a torch.Tensor, got {type(attn_mask).__name__}")
+            if attn_mask.dtype != torch.bool and not attn_mask.is_floating_point():
+                raise ValueError(f"attn_mask must be bool (True = may attend) or floating (added to the scores), "
+                                 f"got dtype {attn_mask.dtype}")
+            try:
+                fits = torch.broadcast_shapes(attn_mask.shape, scores_shape) == scores_shape
+            except RuntimeError:
+                fits = False
+            if not fits:
+                raise ValueError(f"attn_mask of shape {_shape(attn_mask)} does not broadcast to the scores "
+                                 f"(B, h, L, S) = {shape}")
+            masks.append(attn_mask)
+        if key_padding_mask is not None:
+            if not isinstance(key_padding_mask, Tensor):
+                raise ValueError(f"key_padding_mask must be a torch.Tensor, got {type(key_padding_mask).__name__}")
+            if key_padding_mask.shape != (B, S):
+                raise ValueError(f"key_padding_mask must be (B, S) = ({B}, {S}), got {_shape(key_padding_mask)}")
+            if key_padding_mask.dtype == torch.bool:
+                masks.append(~key_padding_mask[:, None, None, :])   # True = padding -> True = may attend
+            elif key_padding_mask.is_floating_point():
+                masks.append(key_padding_mask[:, None, None, :])    # additive, as in torch
+            else:
+                raise ValueError(f"key_padding_mask must be bool (True = padding) or floating (added to the "
+                                 f"scores), got dtype {key_padding_mask.dtype}")
+        if self.causal:
+            if not masks and L == S:
+                return None, True
+            masks.append(causal_mask(L, S, bottom_right=cached, device=like.device))  # (L, S)
+        if not masks:
+            return None, False
+        if all(m.dtype == torch.bool for m in masks):
+            mask = masks[0]
+            for m in masks[1:]:
+                mask = mask & m                                     # may attend only if all allow
+            return mask, False
+        mask = sum(to_additive(m, like.dtype) if m.dtype == torch.bool else m.to(like.dtype) for m in masks)
+        return mask, False
+
+    # ------------------------------------------------------------------ forward
+
+    def forward(self, x: Tensor, context=None, *, key_padding_mask: Tensor | None = None,
+                attn_mask: Tensor | None = None, kv_cache=None, positions: Tensor | None = None,
+                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+        """y = Concat(head_1..head_h) W_O with head_i = softmax(q_i k_i^T / sqrt(head_dim) + M) v_i.
+
+        Args:
+            x: (B, L, d_model) queries (and keys/values for self-attention);
+                (L, B, d_model) when ``batch_first`` is False.
+            context: (B, S, kdim) keys/values for cross-attention, or a pair
+                (keys (B, S, kdim), values (B, S, vdim)); None = self-attention.
+            key_padding_mask: (B, S) bool, True = padding (ignored key); or float, added.
+                With a kv_cache, S counts the cached keys too.
+            attn_mask: broadcastable to (B, h, L, S); bool True = may attend, or float added.
+            kv_cache: object with ``len(cache)`` and ``update(k, v) -> (k_all, v_all)``;
+                the new k, v (B, n_kv_heads, L, head_dim) are appended and attention runs
+                over everything stored. The causal mask is then aligned bottom-right.
+            positions: (L,) or (B, L) absolute positions for ``rope``
+                (default: ``len(kv_cache)`` + arange(L), or arange(L)).
+            need_weights: also return the weights (explicit attention); else torch's fused SDPA.
+
+        The masks combine: a key is visible only when ``causal``, ``attn_mask`` and
+        ``key_padding_mask`` all allow it (float masks are added to the scores instead).
+        A query that sees no key at all gets zero weights and a zero attention output.
+
+        Returns:
+            y (B, L, d_model) (or (L, B, d_model) when not batch_first), and the per-head
+            weights (B, h, L, S) when ``need_weights`` else None.
+        """
+        if not self.batch_first:
+            x = x.transpose(0, 1) if isinstance(x, Tensor) and x.dim() == 3 else x
+            if isinstance(context, (tuple, list)):
+                context = tuple(c.transpose(0, 1) if isinstance(c, Tensor) and c.dim() == 3 else c for c in context)
+            elif isinstance(context, Tensor) and context.dim() == 3:
+                context = context.transpose(0, 1)
+        key_in, value_in = self._check_inputs(x, context)
+        if context is not None and (kv_cache is not None or self.rope is not None):
+            raise ValueError("kv_cache and rope apply to self-attention only: pass context=None with them")
+        B, L, _ = x.shape
+
+        q, k, v = self._project(x, key_in, value_in, self_attention=context is None)
+        q = self._split_heads(q, self.n_heads)         # (B, h, L, head_dim)
+        k = self._split_heads(k, self.n_kv_heads)      # (B, h_kv, S, head_dim)
+        v = self._split_heads(v, self.n_kv_heads)      # (B, h_kv, S, head_dim)
+
+        start = len(kv_cache) if kv_cache is not None else 0   # read before the update
+        if self.rope is not None:
+            pos = self._positions(positions, B, L, start, x.device)
+            q, k = self.rope(q, pos), self.rope(k, pos)
+        elif positions is not None:
+            self._positions(positions, B, L, start, x.device)  # still validated
+        if kv_cache is not None:
+            k, v = kv_cache.update(k, v)               # (B, h_kv, start + L, head_dim)
+        S = k.shape[-2]
+
+        mask, is_causal = self._mask(B, L, S, key_padding_mask, attn_mask, cached=kv_cache is not None, like=q)
+        dropout_p = self.dropout if self.training else 0.0
+        if need_weights:
+            out, weights = scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
+                                                        is_causal=is_causal,
+                                                        enable_gqa=self.n_kv_heads != self.n_heads)
+        else:
+            out, weights = self._fused(q, k, v, mask, dropout_p, is_causal), None
+
+        y = out.transpose(1, 2).reshape(B, L, self.d_model)   # concat heads: (B, L, d)
+        y = self.out_proj(y)
+        if not self.batch_first:
+            y = y.transpose(0, 1)                               # (L, B, d)
+        return y, weights
+
+    def _fused(self, q: Tensor, k: Tensor, v: Tensor, mask, dropout_p: float, is_causal: bool) -> Tensor:
+        """torch's fused SDPA; (B, h, L, head_dim)."""
+        group = self.n_heads // self.n_kv_heads
+        if group == 1:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal)
+        if _SDPA_GQA:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
+                                                  is_causal=is_causal, enable_gqa=True)
+        k = k.repeat_interleave(group, dim=1)   # (B, h, S, head_dim)
+        v = v.repeat_interleave(group, dim=1)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal)
+
+    # ------------------------------------------------------------------ import from torch
+
+    @classmethod
+    def from_torch(cls, module: nn.MultiheadAttention) -> MultiHeadAttention:
+        """A copy of an ``nn.MultiheadAttention`` (weights, biases, dropout, batch_first, mode).
+
+        The packed ``in_proj_weight`` (3d, d) is split into W_q, W_k, W_v (or the separate
+        ``q/k/v_proj_weight`` are taken when kdim/vdim differ from d). The copy keeps the
+        module's ``batch_first``, so ``ours(x)`` matches ``theirs(x, x, x)`` and
+        ``ours(x, (key, value))`` matches ``theirs(x, key, value)`` in either layout.
+        Two differences remain by design: our bool ``attn_mask`` means True = may attend
+        (pass ``~their_mask``), and we return per-head weights (their default is the mean
+        over heads: ``ours_weights.mean(1)``).
+
+        Raises:
+            ValueError: for ``add_bias_kv`` or ``add_zero_attn``, which have no counterpart here.
+        """
+        if not isinstance(module, nn.MultiheadAttention):
+            raise ValueError(f"from_torch expects an nn.MultiheadAttention, got {type(module).__name__}")
+        if module.bias_k is not None or module.add_zero_attn:
+            raise ValueError("from_torch does not support add_bias_kv=True or add_zero_attn=True")
+        d = module.embed_dim
+        weight = module.out_proj.weight
+        ours = cls(d, module.num_heads, bias=module.in_proj_bias is not None, dropout=module.dropout,
+                   kdim=module.kdim, vdim=module.vdim, batch_first=module.batch_first,
+                   device=weight.device, dtype=weight.dtype)
+        with torch.no_grad():
+            if module._qkv_same_embed_dim:
+                w_q, w_k, w_v = module.in_proj_weight.chunk(3)       # each (d, d)
+            else:
+                w_q, w_k, w_v = module.q_proj_weight, module.k_proj_weight, module.v_proj_weight
+            for proj, w in ((ours.q_proj, w_q), (ours.k_proj, w_k), (ours.v_proj, w_v)):
+                proj.weight.copy_(w)
+            if module.in_proj_bias is not None:
+                for proj, b in zip((ours.q_proj, ours.k_proj, ours.v_proj), module.in_proj_bias.chunk(3), strict=True):
+                    proj.bias.copy_(b)
+            ours.out_proj.weight.copy_(module.out_proj.weight)
+            if module.out_proj.bias is not None:
+                ours.out_proj.bias.copy_(module.out_proj.bias)
+        return ours.train(module.training)
+
