@@ -37,5 +37,7 @@ def __getattr__(name: str):
         return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
     try:
         return importlib.import_module(f".{name}", __name__)  # submodules: selfattn_lite.viz, ...
-    except ModuleNotFoundError:
+    except ModuleNotFoundError as error:
+        if error.name != f"{__name__}.{name}":   # the submodule exists but needs something missing
+            raise
         raise AttributeError(f"module 'selfattn_lite' has no attribute {name!r}") from None

@@ -40,6 +40,8 @@ def validate_qkv(query: Tensor, key: Tensor, value: Tensor, *, enable_gqa: bool 
         raise ValueError(
             f"query, key and value must share a dtype, got {query.dtype}, {key.dtype}, {value.dtype}"
         )
+    if query.shape[-1] == 0:
+        raise ValueError(f"query and key need a non-empty last dim E, got query {_shape(query)}")
     if not (query.dim() == key.dim() == value.dim()):
         raise ValueError(
             "query, key and value must have the same number of dims, got "
@@ -100,10 +102,11 @@ def safe_softmax(scores: Tensor, dim: int = -1) -> Tensor:
     """Softmax that gives zeros, not NaN, on a row where every score is -inf.
 
     A fully masked row has no key to attend to; torch >= 2.5 returns zero weights
-    (and so a zero output) there, and so do we.
+    (and so a zero output) there, and so do we. The row is replaced by zeros *before*
+    the softmax too, so no NaN flows back through it in the backward pass either.
     """
-    weights = torch.softmax(scores, dim=dim)
     fully_masked = torch.isneginf(scores).all(dim=dim, keepdim=True)
+    weights = torch.softmax(scores.masked_fill(fully_masked, 0.0), dim=dim)
     return weights.masked_fill(fully_masked, 0.0)
 
 
@@ -129,7 +132,8 @@ def scaled_dot_product_attention(
             Floating: added to the scores (0 = attend, -inf = never).
         dropout_p: probability of zeroing a weight (applied whenever > 0, as torch does;
             pass 0.0 in eval mode yourself).
-        is_causal: query i sees keys 0..i (aligned top-left, like torch). Not with attn_mask.
+        is_causal: query i sees keys 0..i (aligned top-left, like torch). Not with attn_mask
+            (torch refuses the pair too; combine masks with ``masks.combine_masks``).
         scale: multiplies the scores; default 1 / sqrt(E).
         enable_gqa: allow Hq to be a multiple of H; key/value head j serves query heads
             j*g .. (j+1)*g - 1 where g = Hq / H (``repeat_interleave``).
@@ -141,10 +145,11 @@ def scaled_dot_product_attention(
         inputs are computed in float32 and cast back.
     """
     validate_qkv(query, key, value, enable_gqa=enable_gqa)
-    if not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    if not 0.0 <= dropout_p <= 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1], got {dropout_p}")
     if is_causal and attn_mask is not None:
-        raise ValueError("pass either attn_mask or is_causal=True, not both (build a combined mask instead)")
+        raise ValueError("pass either attn_mask or is_causal=True, not both (combine them with "
+                         "selfattn_lite.masks.combine_masks(causal_mask(L, S), mask))")
     L, S, E = query.shape[-2], key.shape[-2], query.shape[-1]
     if scale is None:
         scale = 1.0 / math.sqrt(E)
@@ -160,7 +165,7 @@ def scaled_dot_product_attention(
 
     scores = (q @ k.transpose(-2, -1)) * scale          # (..., Hq, L, S)
     if is_causal:
-        attn_mask = torch.ones(L, S, dtype=torch.bool, device=q.device).tril()
+        attn_mask = torch.ones(L, S, dtype=torch.bool, device=q.device).tril()   # top-left
     if attn_mask is not None:
         validate_mask(attn_mask, scores.shape)
         if attn_mask.dtype == torch.bool:

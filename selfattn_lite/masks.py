@@ -18,6 +18,12 @@ __all__ = [
 ]
 
 
+def _require_tensor(name: str, mask) -> Tensor:
+    if not isinstance(mask, Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(mask).__name__}")
+    return mask
+
+
 def _check_len(name: str, n: int) -> int:
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"{name} must be a positive int, got {n!r}")
@@ -72,6 +78,7 @@ def padding_mask(lengths, max_len: int | None = None) -> Tensor:
 
 def key_padding_to_attn_mask(real_tokens: Tensor) -> Tensor:
     """(B, S) True = real key -> (B, 1, 1, S) attention mask over (B, h, L, S) scores."""
+    _require_tensor("real_tokens", real_tokens)
     if real_tokens.dtype != torch.bool or real_tokens.dim() != 2:
         raise ValueError(f"expected a (B, S) bool mask, got shape {tuple(real_tokens.shape)} "
                          f"and dtype {real_tokens.dtype}")
@@ -83,7 +90,7 @@ def combine_masks(*masks: Tensor | None) -> Tensor | None:
 
     ``None`` entries are skipped; returns None if all are None.
     """
-    present = [m for m in masks if m is not None]
+    present = [_require_tensor("each mask", m) for m in masks if m is not None]
     for m in present:
         if m.dtype != torch.bool:
             raise ValueError(f"combine_masks takes bool masks (True = may attend), got dtype {m.dtype}; "
@@ -103,6 +110,9 @@ def combine_masks(*masks: Tensor | None) -> Tensor | None:
 
 def to_additive(mask: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
     """Boolean mask (True = may attend) -> additive mask M: 0 where allowed, -inf where not."""
+    _require_tensor("mask", mask)
+    if not dtype.is_floating_point:
+        raise ValueError(f"an additive mask holds -inf, so its dtype must be floating, got {dtype}")
     if mask.dtype != torch.bool:
         raise ValueError(f"to_additive expects a bool mask (True = may attend), got dtype {mask.dtype}")
     zeros = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
@@ -111,6 +121,7 @@ def to_additive(mask: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
 
 def is_fully_masked(mask: Tensor) -> Tensor:
     """(..., L) bool: True for the query rows of a (..., L, S) boolean mask that see no key."""
+    _require_tensor("mask", mask)
     if mask.dtype != torch.bool:
         raise ValueError(f"expected a bool mask, got dtype {mask.dtype}")
     return ~mask.any(dim=-1)

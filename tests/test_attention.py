@@ -90,6 +90,23 @@ def test_weights_rows_are_distributions_and_output_is_weights_at_v(inputs):
     torch.testing.assert_close(out, weights @ v)
 
 
+@given(attention_inputs(), st.sampled_from(["none", "bool", "bool-full", "float", "float-full"]),
+       st.booleans())
+def test_gradients_match_torch_even_through_fully_masked_rows(inputs, mask_kind, causal):
+    q, k, v, g = inputs
+    q, k, v = q.double(), k.double(), v.double()       # float64: gradients compared tightly
+    mask = None if causal else mask_for(mask_kind, q, k, g)
+    mask = mask.double() if mask is not None and mask.is_floating_point() else mask
+    upstream = torch.randn(*q.shape[:-1], v.shape[-1], generator=g, dtype=torch.float64).to(q.device)
+    ours = [t.clone().requires_grad_() for t in (q, k, v)]
+    theirs = [t.clone().requires_grad_() for t in (q, k, v)]
+    (sdpa(*ours, attn_mask=mask, is_causal=causal)[0] * upstream).sum().backward()
+    (F.scaled_dot_product_attention(*theirs, attn_mask=mask, is_causal=causal) * upstream).sum().backward()
+    for a, b in zip(ours, theirs):
+        assert torch.isfinite(a.grad).all()
+        torch.testing.assert_close(a.grad, b.grad, **TOL[torch.float64])
+
+
 def test_fully_masked_rows_give_zero_weights_and_output_like_torch():
     q, k, v = torch.randn(2, 4, 3), torch.randn(2, 5, 3), torch.randn(2, 5, 6)
     mask = torch.ones(4, 5, dtype=torch.bool)
@@ -129,6 +146,12 @@ def test_dropout_is_applied_as_torch_does(use_mask):
     assert (weights == 0).any() and kept.numel() > 0        # some weights dropped, the rest rescaled by 1/(1-p)
 
 
+def test_dropout_of_one_drops_everything_like_torch():
+    q, k, v = torch.randn(2, 3, 4), torch.randn(2, 5, 4), torch.randn(2, 5, 6)
+    out, weights = sdpa(q, k, v, dropout_p=1.0)
+    assert torch.equal(out, F.scaled_dot_product_attention(q, k, v, dropout_p=1.0)) and not weights.any()
+
+
 def test_safe_softmax():
     scores = torch.tensor([[0.0, float("-inf")], [float("-inf"), float("-inf")]])
     torch.testing.assert_close(safe_softmax(scores), torch.tensor([[1.0, 0.0], [0.0, 0.0]]))
@@ -143,6 +166,7 @@ def test_safe_softmax():
     ((1, 3, 4, 8), (1, 2, 5, 8), (1, 2, 5, 8), {}, r"do not broadcast.*enable_gqa"),
     ((1, 3, 4, 8), (1, 2, 5, 8), (1, 2, 5, 8), {"enable_gqa": True}, r"Hq=3 must be a multiple of.*H=2"),
     ((8,), (5, 8), (5, 8), {}, r"at least 2 dims.*\(8\)"),
+    ((4, 0), (5, 0), (5, 3), {}, r"non-empty last dim E.*\(4, 0\)"),
 ])
 def test_bad_shapes_raise_value_error_naming_them(q_shape, k_shape, v_shape, kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -167,5 +191,5 @@ def test_bad_dtypes_and_dropout_raise_value_error():
         sdpa(q, k.double(), v)
     with pytest.raises(ValueError, match="floating-point"):
         sdpa(q.long(), k, v)
-    with pytest.raises(ValueError, match=r"dropout_p must be in \[0, 1\), got 1.5"):
+    with pytest.raises(ValueError, match=r"dropout_p must be in \[0, 1\], got 1.5"):
         sdpa(q, k, v, dropout_p=1.5)

@@ -75,6 +75,10 @@ def test_is_fully_masked():
     (lambda: masks.combine_masks(torch.zeros(2, 2)), r"bool masks.*torch.float32"),
     (lambda: masks.to_additive(torch.zeros(2, 2)), r"bool mask.*torch.float32"),
     (lambda: masks.key_padding_to_attn_mask(torch.ones(2, 3)), r"\(B, S\) bool mask.*\(2, 3\)"),
+    (lambda: masks.combine_masks([[True]]), r"each mask must be a torch.Tensor, got list"),
+    (lambda: masks.to_additive([[True]]), r"mask must be a torch.Tensor, got list"),
+    (lambda: masks.to_additive(masks.causal_mask(2), dtype=torch.int64), r"floating, got torch.int64"),
+    (lambda: masks.is_fully_masked([[True]]), r"torch.Tensor, got list"),
 ])
 def test_bad_input_raises_value_error(call, match):
     with pytest.raises(ValueError, match=match):
