@@ -93,7 +93,6 @@ class MultiHeadAttention(nn.Module):
         self.k_proj = nn.Linear(self.kdim, kv_width, **factory)
         self.v_proj = nn.Linear(self.vdim, kv_width, **factory)
         self.out_proj = nn.Linear(d_model, d_model, **factory)
-        self._packed = None  # (key, weight, bias) of the concatenated q/k/v projection
 
     def extra_repr(self) -> str:
         kv = "" if self.n_kv_heads == self.n_heads else f", n_kv_heads={self.n_kv_heads}"
@@ -102,27 +101,20 @@ class MultiHeadAttention(nn.Module):
 
     # ------------------------------------------------------------------ projections
 
-    def _packed_qkv(self) -> tuple[Tensor, Tensor | None]:
-        """W_q, W_k, W_v stacked into one (d + 2 * kv_width, d) matrix, rebuilt when they change.
+    def _project(self, x: Tensor, key_in: Tensor, value_in: Tensor, self_attention: bool):
+        """q (B, L, d), k and v (B, S, n_kv_heads * head_dim).
 
-        One big matmul is what ``nn.MultiheadAttention`` does for self-attention; the cache
-        key holds each parameter's identity and version counter, so an optimizer step or
-        ``load_state_dict`` invalidates it.
+        Self-attention without autograd (inference) does one matmul with W_q, W_k, W_v stacked
+        into a (d + 2 * kv_width, d) matrix, as ``nn.MultiheadAttention`` does. The stack is
+        built afresh on every call: a copy of three weight matrices, small next to the matmul,
+        and never stale, however the weights were changed (optimizer step, ``load_state_dict``,
+        an in-place edit through ``.data``).
         """
-        params = [p for m in (self.q_proj, self.k_proj, self.v_proj) for p in (m.weight, m.bias) if p is not None]
-        key = tuple((id(p), p.data_ptr(), p._version) for p in params)
-        if self._packed is None or self._packed[0] != key:
+        if self_attention and not torch.is_grad_enabled():
             weight = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])
             bias = None
             if self.q_proj.bias is not None:
                 bias = torch.cat([self.q_proj.bias, self.k_proj.bias, self.v_proj.bias])
-            self._packed = (key, weight, bias)
-        return self._packed[1], self._packed[2]
-
-    def _project(self, x: Tensor, key_in: Tensor, value_in: Tensor, self_attention: bool):
-        """q (B, L, d), k and v (B, S, n_kv_heads * head_dim)."""
-        if self_attention and not torch.is_grad_enabled() and self.kdim == self.vdim == self.d_model:
-            weight, bias = self._packed_qkv()      # inference: one matmul, as torch does
             kv_width = self.n_kv_heads * self.head_dim
             return F.linear(x, weight, bias).split([self.d_model, kv_width, kv_width], dim=-1)
         return self.q_proj(x), self.k_proj(key_in), self.v_proj(value_in)
@@ -134,26 +126,48 @@ class MultiHeadAttention(nn.Module):
 
     # ------------------------------------------------------------------ checks
 
-    def _check_inputs(self, x: Tensor, context) -> tuple[Tensor, Tensor]:
-        """Validate x and context; return (key input, value input), batch-first."""
-        if not isinstance(x, Tensor) or x.dim() != 3 or x.shape[-1] != self.d_model:
-            shape = _shape(x) if isinstance(x, Tensor) else type(x).__name__
-            layout = "(B, T, d_model)" if self.batch_first else "(T, B, d_model)"
-            raise ValueError(f"x must be {layout} with d_model={self.d_model}, got {shape}")
-        if not x.is_floating_point():
-            raise ValueError(f"x must be a floating-point tensor, got dtype {x.dtype}")
+    def _check_tensor(self, name: str, t, expected: str, width: int) -> None:
+        """t must be a 3-d floating tensor with last dim ``width``, in the parameters' dtype
+        (any floating dtype under ``torch.autocast``, which casts inputs and weights itself)."""
+        if not isinstance(t, Tensor) or t.dim() != 3 or t.shape[-1] != width:
+            shape = _shape(t) if isinstance(t, Tensor) else type(t).__name__
+            raise ValueError(f"{name} must be {expected}, got {shape}")
+        if not t.is_floating_point():
+            raise ValueError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
+        dtype = self.q_proj.weight.dtype
+        if t.dtype != dtype and not torch.is_autocast_enabled(t.device.type):
+            raise ValueError(f"{name} {_shape(t)} has dtype {t.dtype} but the module's parameters are {dtype}: "
+                             f"convert one of them (.to({dtype}) on the input or .to({t.dtype}) on the module)")
+
+    def _check_inputs(self, x: Tensor, context) -> tuple[Tensor, Tensor, Tensor]:
+        """Validate x and context as the caller passed them; return (x, key input, value input), batch-first.
+
+        Messages show the caller's layout and shapes: (B, T, ...) when ``batch_first``, else (T, B, ...).
+        """
+        b = 0 if self.batch_first else 1                    # the batch dim in the caller's layout
+        x_layout, c_layout = ("B, T", "B, S") if self.batch_first else ("T, B", "S, B")
+        self._check_tensor("x", x, f"({x_layout}, d_model) with d_model={self.d_model}", self.d_model)
         if context is None:
-            return x, x
-        key_in, value_in = context if isinstance(context, (tuple, list)) else (context, context)
-        for name, t, width in (("context (keys)", key_in, self.kdim), ("context (values)", value_in, self.vdim)):
-            if not isinstance(t, Tensor) or t.dim() != 3 or t.shape[-1] != width:
-                shape = _shape(t) if isinstance(t, Tensor) else type(t).__name__
-                raise ValueError(f"{name} must be (B, S, {width}), got {shape}")
-            if t.shape[0] != x.shape[0]:
-                raise ValueError(f"{name} has batch size {t.shape[0]} but x {_shape(x)} has {x.shape[0]}")
-        if key_in.shape[1] != value_in.shape[1]:
-            raise ValueError(f"keys {_shape(key_in)} and values {_shape(value_in)} need the same length S")
-        return key_in, value_in
+            if self.kdim != self.d_model or self.vdim != self.d_model:
+                raise ValueError(f"self-attention (context=None) projects x {_shape(x)} to keys and values, which "
+                                 f"needs kdim == vdim == d_model={self.d_model}, but this module has "
+                                 f"kdim={self.kdim}, vdim={self.vdim}: pass context=(keys, values)")
+            key_in = value_in = x
+        else:
+            if isinstance(context, (tuple, list)) and len(context) != 2:
+                raise ValueError(f"context must be one tensor (keys = values) or a pair (keys, values), "
+                                 f"got a {type(context).__name__} of {len(context)} items")
+            key_in, value_in = context if isinstance(context, (tuple, list)) else (context, context)
+            for name, t, width in (("context (keys)", key_in, self.kdim), ("context (values)", value_in, self.vdim)):
+                self._check_tensor(name, t, f"({c_layout}, {width})", width)
+                if t.shape[b] != x.shape[b]:
+                    raise ValueError(f"{name} {_shape(t)} has batch size {t.shape[b]} but x {_shape(x)} "
+                                     f"has {x.shape[b]}")
+            if key_in.shape[1 - b] != value_in.shape[1 - b]:
+                raise ValueError(f"keys {_shape(key_in)} and values {_shape(value_in)} need the same length S")
+        if not self.batch_first:                            # (T, B, d) -> (B, T, d)
+            x, key_in, value_in = x.transpose(0, 1), key_in.transpose(0, 1), value_in.transpose(0, 1)
+        return x, key_in, value_in
 
     def _positions(self, positions, B: int, T: int, start: int, device) -> Tensor:
         """Absolute positions (T,) or (B, T) of the new tokens; default start + arange(T)."""
@@ -247,13 +261,7 @@ class MultiHeadAttention(nn.Module):
             y (B, L, d_model) (or (L, B, d_model) when not batch_first), and the per-head
             weights (B, h, L, S) when ``need_weights`` else None.
         """
-        if not self.batch_first:
-            x = x.transpose(0, 1) if isinstance(x, Tensor) and x.dim() == 3 else x
-            if isinstance(context, (tuple, list)):
-                context = tuple(c.transpose(0, 1) if isinstance(c, Tensor) and c.dim() == 3 else c for c in context)
-            elif isinstance(context, Tensor) and context.dim() == 3:
-                context = context.transpose(0, 1)
-        key_in, value_in = self._check_inputs(x, context)
+        x, key_in, value_in = self._check_inputs(x, context)
         if context is not None and (kv_cache is not None or self.rope is not None):
             raise ValueError("kv_cache and rope apply to self-attention only: pass context=None with them")
         B, L, _ = x.shape

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -110,6 +112,33 @@ def test_left_padding_with_causal_leaves_rows_empty(lengths):
     empty = masks.is_fully_masked(mask)                                          # (B, T)
     for b, n in enumerate(lengths):
         assert empty[b].tolist() == [i < T - n for i in range(T)]
+
+
+@given(lengths=st.lists(st.integers(1, 5), min_size=1, max_size=3), float_kpm=st.booleans(), seed=seeds)
+def test_queries_that_see_no_key_give_finite_gradients(lengths, float_kpm, seed):
+    """Left padding + causal through MultiHeadAttention: the padded queries that see no key get zero
+    attention (output = out_proj's bias), and every gradient is finite, on both paths and for bool and
+    float (additive -inf) key_padding_masks; the two paths agree on outputs and gradients."""
+    T = 5
+    torch.manual_seed(seed)
+    mha = MultiHeadAttention(8, 2, causal=True)
+    pad = ~masks.padding_mask(lengths, T).flip(-1)                               # (B, T) True = padding, left
+    kpm = torch.zeros(pad.shape).masked_fill(pad, -math.inf) if float_kpm else pad
+    x = torch.randn(len(lengths), T, 8)
+    results = []
+    for need_weights in (True, False):
+        xg = x.clone().requires_grad_()
+        mha.zero_grad()
+        y = mha(xg, key_padding_mask=kpm, need_weights=need_weights)[0]         # (B, T, 8)
+        y.pow(2).sum().backward()
+        grads = [xg.grad] + [p.grad for p in mha.parameters()]
+        assert all(torch.isfinite(g).all() for g in grads), f"need_weights={need_weights}"
+        torch.testing.assert_close(y[pad], mha.out_proj.bias.detach().expand(int(pad.sum()), 8))
+        results.append((y, grads))
+    (y_explicit, g_explicit), (y_fused, g_fused) = results
+    torch.testing.assert_close(y_fused, y_explicit, atol=1e-5, rtol=1e-5)
+    for g_e, g_f in zip(g_explicit, g_fused):
+        torch.testing.assert_close(g_f, g_e, atol=1e-5, rtol=1e-5)
 
 
 @given(B=st.integers(1, 3), T=st.integers(2, 7), t=st.integers(0, 5), seed=seeds)

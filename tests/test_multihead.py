@@ -137,6 +137,26 @@ def test_packed_weights_follow_weight_changes():
         torch.testing.assert_close(mha(x)[0], mha(x, x)[0], **TOL)
 
 
+@pytest.mark.parametrize("edit", [
+    lambda m: m.k_proj.weight.data.mul_(3.0),                          # .data edits leave _version alone
+    lambda m: m.q_proj.weight.data.copy_(torch.randn(16, 16)),
+    lambda m: m.v_proj.bias.data.add_(1.0),
+    lambda m: setattr(m.k_proj.weight, "data", torch.randn(8, 16)),     # a new storage behind the same Parameter
+], ids=["k_weight.data.mul_", "q_weight.data.copy_", "v_bias.data.add_", "k_weight.data = new"])
+def test_no_grad_path_sees_edits_through_data(edit):
+    """Every no_grad call uses the current weights, even after edits that autograd does not see."""
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(16, 2, n_kv_heads=1).eval()
+    x = torch.randn(2, 5, 16)
+    with torch.no_grad():
+        before = mha(x)[0]
+        edit(mha)
+        after = mha(x)[0]
+    assert not torch.allclose(after, before)
+    torch.testing.assert_close(after, per_head_reference(mha, x).detach(), **TOL)
+    torch.testing.assert_close(after, mha(x)[0].detach(), **TOL)        # the grad path agrees
+
+
 # ---------------------------------------------------------------- the two paths
 
 
@@ -417,10 +437,90 @@ def test_bad_x_and_context():
         mha(torch.ones(2, 4, 8, dtype=torch.long))
     with pytest.raises(ValueError, match=r"context \(keys\) must be \(B, S, 8\), got \(2, 5, 7\)"):
         mha(torch.randn(2, 4, 8), torch.randn(2, 5, 7))
-    with pytest.raises(ValueError, match="batch size 3 but x"):
+    with pytest.raises(ValueError, match=r"context \(keys\) \(3, 5, 8\) has batch size 3 but x \(2, 4, 8\) has 2"):
         mha(torch.randn(2, 4, 8), torch.randn(3, 5, 8))
+    with pytest.raises(ValueError, match=r"keys \(2, 5, 8\) and values \(2, 6, 8\) need the same length S"):
+        mha(torch.randn(2, 4, 8), (torch.randn(2, 5, 8), torch.randn(2, 6, 8)))
+    with pytest.raises(ValueError, match="context \\(keys\\) must be a floating-point tensor, got dtype torch.int64"):
+        mha(torch.randn(2, 4, 8), torch.ones(2, 5, 8, dtype=torch.long))
     with pytest.raises(ValueError, match="self-attention only"):
         MultiHeadAttention(8, 2, rope=TinyRope(4))(torch.randn(1, 2, 8), torch.randn(1, 3, 8))
+
+
+def test_self_attention_needs_kdim_and_vdim_equal_to_d_model():
+    mha = MultiHeadAttention(16, 4, kdim=6, vdim=10)
+    with pytest.raises(ValueError, match=r"self-attention \(context=None\) projects x \(2, 3, 16\) to keys and "
+                                         r"values, which needs kdim == vdim == d_model=16, but this module has "
+                                         r"kdim=6, vdim=10: pass context=\(keys, values\)"):
+        mha(torch.randn(2, 3, 16))
+    with torch.no_grad(), pytest.raises(ValueError, match="kdim=6, vdim=10"):
+        mha(torch.randn(2, 3, 16))                                      # the inference path too
+    with pytest.raises(ValueError, match="kdim=16, vdim=10"):
+        MultiHeadAttention(16, 4, vdim=10)(torch.randn(2, 3, 16))
+
+
+@pytest.mark.parametrize("module_dtype, x_dtype", [(torch.float32, torch.float64), (torch.bfloat16, torch.float32),
+                                                   (torch.float64, torch.float32)])
+def test_dtype_mismatch_names_both_dtypes(module_dtype, x_dtype):
+    mha = MultiHeadAttention(8, 2, dtype=module_dtype)
+    x = torch.randn(2, 4, 8, dtype=x_dtype)
+    with pytest.raises(ValueError, match=rf"x \(2, 4, 8\) has dtype {x_dtype} but the module's parameters are "
+                                         rf"{module_dtype}"):
+        mha(x)
+    with torch.no_grad(), pytest.raises(ValueError, match=f"x .* has dtype {x_dtype}"):
+        mha(x)
+    good = torch.randn(2, 4, 8, dtype=module_dtype)
+    with pytest.raises(ValueError, match=rf"context \(keys\) \(2, 5, 8\) has dtype {x_dtype} but the module's "
+                                         rf"parameters are {module_dtype}"):
+        mha(good, torch.randn(2, 5, 8, dtype=x_dtype))
+    with pytest.raises(ValueError, match=rf"context \(values\) \(2, 5, 8\) has dtype {x_dtype}"):
+        mha(good, (torch.randn(2, 5, 8, dtype=module_dtype), torch.randn(2, 5, 8, dtype=x_dtype)))
+
+
+@pytest.mark.parametrize("need_weights", [True, False])
+def test_autocast_accepts_mixed_dtypes(need_weights):
+    """Under torch.autocast, a bf16 x with float32 weights is normal (the previous layer was autocast too)."""
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(16, 2, causal=True)
+    x = torch.randn(2, 5, 16)
+    expected = mha(x)[0]
+    for inputs in (x, x.bfloat16()):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y, _ = mha(inputs, need_weights=need_weights)
+            y_cross, _ = mha(inputs, inputs.bfloat16(), need_weights=need_weights)
+        assert y.dtype == y_cross.dtype == torch.bfloat16
+        torch.testing.assert_close(y.float(), expected, atol=5e-2, rtol=5e-2)
+        torch.testing.assert_close(y_cross.float(), y.float(), atol=5e-2, rtol=5e-2)
+
+
+@pytest.mark.parametrize("n", [0, 1, 3])
+def test_context_sequence_must_be_a_pair(n):
+    mha = MultiHeadAttention(8, 2)
+    x = torch.randn(2, 4, 8)
+    for kind in (tuple, list):
+        with pytest.raises(ValueError, match=rf"context must be one tensor \(keys = values\) or a pair "
+                                             rf"\(keys, values\), got a {kind.__name__} of {n} items"):
+            mha(x, kind(torch.randn(2, 5, 8) for _ in range(n)))
+    with pytest.raises(ValueError, match=r"context \(values\) must be \(B, S, 8\), got str"):
+        mha(x, (torch.randn(2, 5, 8), "values"))
+
+
+def test_sequence_first_errors_report_the_shapes_passed():
+    """batch_first=False: messages show (T, B, ...) layouts and the tensors as given, not transposed."""
+    mha = MultiHeadAttention(8, 2, batch_first=False)
+    x = torch.randn(4, 2, 8)                                            # (T, B, d)
+    with pytest.raises(ValueError, match=r"x must be \(T, B, d_model\) with d_model=8, got \(4, 2, 6\)"):
+        mha(torch.randn(4, 2, 6))
+    with pytest.raises(ValueError, match=r"context \(keys\) must be \(S, B, 8\), got \(5, 2, 7\)"):
+        mha(x, torch.randn(5, 2, 7))
+    with pytest.raises(ValueError, match=r"context \(keys\) \(5, 3, 8\) has batch size 3 but x \(4, 2, 8\) has 2"):
+        mha(x, torch.randn(5, 3, 8))
+    with pytest.raises(ValueError, match=r"keys \(5, 2, 8\) and values \(6, 2, 8\) need the same length S"):
+        mha(x, (torch.randn(5, 2, 8), torch.randn(6, 2, 8)))
+    with pytest.raises(ValueError, match=r"x \(4, 2, 8\) has dtype torch.float64"):
+        mha(x.double())
+    y, w = mha(x, torch.randn(5, 2, 8), need_weights=True)               # and the right shapes pass
+    assert y.shape == (4, 2, 8) and w.shape == (2, 2, 4, 5)
 
 
 def test_bad_masks():
