@@ -16,6 +16,7 @@ lambda_i = 2 pi / theta_i its wavelength in tokens.
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 from torch import Tensor, nn
@@ -51,25 +52,37 @@ _DEFAULTS = {"linear": {}, "ntk": {}, "yarn": {"beta_fast": 32.0, "beta_slow": 1
 
 
 def _is_int(n) -> bool:
-    return isinstance(n, int) and not isinstance(n, bool)
+    """A Python or NumPy integer (numbers.Integral), but not a bool."""
+    return isinstance(n, numbers.Integral) and not isinstance(n, bool)
+
+
+def _is_real(x) -> bool:
+    """A Python or NumPy int or float (numbers.Real), but not a bool."""
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
 
 
 def _check_positive_int(name: str, n) -> int:
     if not _is_int(n) or n < 1:
         raise ValueError(f"{name} must be a positive int, got {n!r}")
-    return n
+    return int(n)
 
 
 def _check_head_dim(head_dim) -> int:
     if not _is_int(head_dim) or head_dim < 2 or head_dim % 2:
         raise ValueError(f"head_dim must be a positive even int (dimensions are rotated in pairs), got {head_dim!r}")
-    return head_dim
+    return int(head_dim)
 
 
 def _check_base(base) -> float:
-    if isinstance(base, bool) or not isinstance(base, (int, float)) or not base > 1:
+    if not _is_real(base) or not base > 1:
         raise ValueError(f"base must be a number > 1, got {base!r}")
     return float(base)
+
+
+def _check_bool(name: str, flag) -> bool:
+    if not isinstance(flag, bool):
+        raise ValueError(f"{name} must be True or False, got {flag!r}")
+    return flag
 
 
 # --------------------------------------------------------------------------------------
@@ -126,7 +139,8 @@ def validate_scaling(scaling: dict, head_dim: int | None = None) -> dict:
 
     ``{"kind": "linear" | "ntk" | "yarn" | "llama3", "factor": s}`` plus ``original_max_len``
     (yarn, llama3), ``beta_fast``/``beta_slow`` (yarn, default 32/1) and
-    ``low_freq_factor``/``high_freq_factor`` (llama3, default 1/4).
+    ``low_freq_factor``/``high_freq_factor`` (llama3, default 1/4). Numbers may be Python
+    or NumPy scalars; the copy holds ``original_max_len`` as an int, the rest as floats.
 
     Raises:
         ValueError: naming the kind, key or value at fault.
@@ -147,10 +161,11 @@ def validate_scaling(scaling: dict, head_dim: int | None = None) -> dict:
     for key, value in out.items():
         if key == "kind":
             continue
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        if not _is_real(value) or not 0 < value < math.inf:
             raise ValueError(f"scaling {key!r} must be a positive number, got {value!r} (kind {kind!r})")
+        out[key] = float(value)                  # NumPy scalars become plain floats
     if kind in ("yarn", "llama3"):
-        _check_positive_int("scaling 'original_max_len'", out["original_max_len"])
+        out["original_max_len"] = _check_positive_int("scaling 'original_max_len'", scaling["original_max_len"])
     if kind == "yarn" and not out["beta_fast"] > out["beta_slow"]:
         raise ValueError(f"yarn needs beta_fast > beta_slow, got beta_fast={out['beta_fast']}, "
                          f"beta_slow={out['beta_slow']}")
@@ -271,6 +286,27 @@ def scaled_inv_freq(head_dim: int, base: float = 10000.0, scaling: dict | None =
 # Applying the rotation
 # --------------------------------------------------------------------------------------
 
+def _check_rotary_args(x, cos, sin, interleaved) -> None:
+    _check_bool("interleaved", interleaved)
+    for name, t in (("x", x), ("cos", cos), ("sin", sin)):
+        if not isinstance(t, Tensor) or t.dim() < 1 or not t.is_floating_point():
+            got = f"shape {tuple(t.shape)} and dtype {t.dtype}" if isinstance(t, Tensor) else type(t).__name__
+            raise ValueError(f"{name} must be a floating tensor with at least one dim, got {got}")
+    d = x.shape[-1]
+    if d % 2:
+        raise ValueError(f"x's last dim must be even (dimensions are rotated in pairs), got x of shape "
+                         f"{tuple(x.shape)}")
+    if cos.shape != sin.shape:
+        raise ValueError(f"cos and sin must have the same shape, got {tuple(cos.shape)} and {tuple(sin.shape)}")
+    try:
+        fits = cos.shape[-1] == d // 2 and torch.broadcast_shapes(cos.shape[:-1], x.shape[:-1]) == x.shape[:-1]
+    except RuntimeError:
+        fits = False
+    if not fits:
+        raise ValueError(f"cos and sin must have shape (..., {d // 2}), broadcastable to x's shape without its "
+                         f"last dim {tuple(x.shape[:-1])} (x has shape {tuple(x.shape)}), got {tuple(cos.shape)}")
+
+
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool = False) -> Tensor:
     """Rotate each pair (a, b) of x's last dim by its angle: (a cos - b sin, a sin + b cos).
 
@@ -278,12 +314,17 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool = Fal
     Interleaved pairing (RoFormer, Meta's Llama code): pair i is (x[2i], x[2i + 1]).
 
     Args:
-        x: (..., T, d).
-        cos, sin: (..., T, d/2), broadcastable to x without its last dim.
+        x: (..., T, d), floating, d even.
+        cos, sin: (..., T, d/2), the same shape, broadcastable to x without its last dim.
+        interleaved: True for (x[2i], x[2i + 1]) pairs, False for (x[i], x[i + d/2]).
 
     Returns:
         (..., T, d), same dtype as x (computed in float32 for half-precision x).
+
+    Raises:
+        ValueError: naming the shapes, if d is odd or cos and sin do not fit x.
     """
+    _check_rotary_args(x, cos, sin, interleaved)
     dtype = x.dtype
     x = x.float() if dtype in (torch.float16, torch.bfloat16) else x
     cos, sin = cos.to(x.dtype), sin.to(x.dtype)
@@ -319,7 +360,8 @@ class RotaryEmbedding(nn.Module):
                  scaling: dict | None = None):
         super().__init__()
         inv_freq, attention_scaling = scaled_inv_freq(head_dim, base, scaling)
-        self.head_dim, self.base, self.interleaved = head_dim, float(base), bool(interleaved)
+        self.head_dim, self.base = _check_head_dim(head_dim), _check_base(base)
+        self.interleaved = _check_bool("interleaved", interleaved)
         self.scaling = None if scaling is None else validate_scaling(scaling, head_dim)
         self.attention_scaling = attention_scaling
         self.register_buffer("inv_freq", inv_freq, persistent=False)
@@ -445,7 +487,8 @@ def alibi_slopes(n_heads: int) -> Tensor:
     (the odd-numbered ones), until there are n, as in the paper's reference code.
 
     Returns:
-        (n_heads,) float32, decreasing.
+        (n_heads,) float32. Decreasing for a power of two; otherwise two decreasing runs,
+        e.g. 6 heads: 1/4, 1/16, 1/64, 1/256 (the slopes of 4), then 1/2, 1/8 (from those of 8).
     """
     _check_positive_int("n_heads", n_heads)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import math
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given
@@ -536,6 +537,16 @@ def test_module_state():
     (dict(head_dim=8, scaling={"kind": "llama3", "factor": 4, "original_max_len": 64, "low_freq_factor": 4,
                                "high_freq_factor": 1}), "high_freq_factor > low_freq_factor"),
     (dict(head_dim=2, scaling={"kind": "ntk", "factor": 4}), "ntk scaling needs head_dim >= 4.*got head_dim=2"),
+    (dict(head_dim=8, interleaved="no"), "interleaved must be True or False, got 'no'"),
+    (dict(head_dim=8, interleaved=1), "interleaved must be True or False, got 1"),
+    (dict(head_dim=8, interleaved=None), "interleaved must be True or False, got None"),
+    (dict(head_dim=8, scaling={"kind": "linear", "factor": True}), "'factor' must be a positive number, got True"),
+    (dict(head_dim=8, scaling={"kind": "linear", "factor": np.True_}), "'factor' must be a positive number"),
+    (dict(head_dim=8, scaling={"kind": "yarn", "factor": 4, "original_max_len": np.float64(64.5)}),
+     "'original_max_len' must be a positive int, got np.float64"),
+    (dict(head_dim=8, scaling={"kind": "yarn", "factor": 4, "original_max_len": np.int64(0)}),
+     "'original_max_len' must be a positive number, got np.int64"),
+    (dict(head_dim=np.int64(7)), "head_dim must be a positive even int.*got np.int64"),
 ])
 def test_rotary_bad_construction(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -545,6 +556,25 @@ def test_rotary_bad_construction(kwargs, match):
 def test_validate_scaling_fills_defaults():
     assert validate_scaling({"kind": "llama3", "factor": 8, "original_max_len": 8192}) == {
         "kind": "llama3", "factor": 8, "original_max_len": 8192, "low_freq_factor": 1.0, "high_freq_factor": 4.0}
+
+
+@pytest.mark.parametrize("kind", ["yarn", "llama3"])
+def test_numpy_scalars_are_accepted_like_python_numbers(kind):
+    plain = {"kind": kind, "factor": 4.0, "original_max_len": 64}
+    numpy = {"kind": kind, "factor": np.float64(4.0), "original_max_len": np.int64(64)}
+    numpy.update({"beta_fast": np.float32(32), "beta_slow": np.int32(1)} if kind == "yarn" else
+                 {"low_freq_factor": np.int64(1), "high_freq_factor": np.float32(4)})
+    checked = validate_scaling(numpy)
+    assert checked == validate_scaling(plain)
+    assert type(checked["original_max_len"]) is int                   # no NumPy types leak into the module
+    assert all(type(v) is float for key, v in checked.items() if key not in ("kind", "original_max_len"))
+    ours = RotaryEmbedding(np.int64(8), np.float64(10000.0), scaling=numpy)
+    ref = RotaryEmbedding(8, 10000.0, scaling=plain)
+    torch.testing.assert_close(ours.inv_freq, ref.inv_freq)
+    assert ours.attention_scaling == ref.attention_scaling
+    assert repr(ours) == repr(ref) and type(ours.head_dim) is int
+    torch.testing.assert_close(alibi_slopes(np.int64(6)), alibi_slopes(6))
+    torch.testing.assert_close(sinusoidal_encoding(np.int64(5), np.int32(8)), sinusoidal_encoding(5, 8))
 
 
 @pytest.mark.parametrize("x_shape, positions, match", [
@@ -560,6 +590,30 @@ def test_validate_scaling_fills_defaults():
 def test_rotary_bad_call(x_shape, positions, match):
     with pytest.raises(ValueError, match=match):
         RotaryEmbedding(8)(torch.randn(x_shape), positions)
+
+
+@pytest.mark.parametrize("x_shape, cos_shape, sin_shape, match", [
+    ((5, 7), (5, 3), (5, 3), r"last dim must be even.*got x of shape \(5, 7\)"),
+    ((5, 8), (5, 3), (5, 3), r"cos and sin must have shape \(\.\.\., 4\).*\(5,\).*got \(5, 3\)"),
+    ((5, 8), (6, 4), (6, 4), r"last dim \(5,\) \(x has shape \(5, 8\)\), got \(6, 4\)"),
+    ((2, 5, 8), (3, 5, 4), (3, 5, 4), r"last dim \(2, 5\) \(x has shape \(2, 5, 8\)\), got \(3, 5, 4\)"),
+    ((5, 8), (2, 5, 4), (2, 5, 4), r"\(x has shape \(5, 8\)\), got \(2, 5, 4\)"),  # would grow x
+    ((5, 8), (5, 4), (5, 3), r"cos and sin must have the same shape, got \(5, 4\) and \(5, 3\)"),
+])
+def test_apply_rotary_bad_shapes(x_shape, cos_shape, sin_shape, match):
+    with pytest.raises(ValueError, match=match):
+        apply_rotary(torch.randn(x_shape), torch.randn(cos_shape), torch.randn(sin_shape))
+
+
+def test_apply_rotary_bad_types():
+    x, cos, sin = torch.randn(5, 8), torch.randn(5, 4), torch.randn(5, 4)
+    with pytest.raises(ValueError, match="interleaved must be True or False, got 'no'"):
+        apply_rotary(x, cos, sin, interleaved="no")
+    with pytest.raises(ValueError, match="cos must be a floating tensor.*list"):
+        apply_rotary(x, [1.0] * 4, sin)
+    with pytest.raises(ValueError, match=r"x must be a floating tensor.*shape \(5, 8\) and dtype torch.int64"):
+        apply_rotary(x.long(), cos, sin)
+    assert apply_rotary(x, cos[:1], sin[:1]).shape == x.shape         # (1, d/2) broadcasts over T
 
 
 def test_rotary_rejects_integer_x():
@@ -607,6 +661,17 @@ def test_alibi_slopes_match_reference_code_and_bloom(n_heads):
     torch.testing.assert_close(ours, torch.tensor(press_get_slopes(n_heads), dtype=torch.float32))
     torch.testing.assert_close(ours, _get_alibi_slopes(n_heads, torch.device("cpu")))
     assert ours.shape == (n_heads,) and torch.all(ours > 0) and torch.all(ours <= 1)
+
+
+def test_alibi_slopes_for_other_head_counts_are_two_decreasing_runs():
+    expected = [1 / 4, 1 / 16, 1 / 64, 1 / 256, 1 / 2, 1 / 8]          # slopes of 4, then every other of 8
+    torch.testing.assert_close(alibi_slopes(6), torch.tensor(expected))
+    for n in (3, 5, 6, 7, 12, 24):
+        c = 2 ** math.floor(math.log2(n))
+        slopes = alibi_slopes(n)
+        assert not torch.all(slopes[1:] < slopes[:-1])                  # not decreasing overall...
+        for run in (slopes[:c], slopes[c:]):
+            assert torch.all(run[1:] < run[:-1])                        # ...but within each run
 
 
 def test_alibi_bias_values_and_alignment():
