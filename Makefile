@@ -14,6 +14,8 @@ TORCH ?= torch==2.13.0
 STAMP := $(VENV)/.selfattn-installed
 LAB_ARGS ?=
 PYTEST_ARGS ?=
+# Idle OpenMP threads sleep instead of spinning: fair timings on a shared or busy CPU.
+export OMP_WAIT_POLICY ?= PASSIVE
 
 .PHONY: install lab test student figures notebooks clean
 

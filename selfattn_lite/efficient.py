@@ -1,0 +1,489 @@
+"""Efficient attention: FlashAttention's idea in plain PyTorch, sliding windows, linear attention.
+
+Explicit attention materialises the L x S score matrix per head: O(n^2) memory. The
+tiled version below never does. It walks over tiles of queries against tiles of keys and
+keeps, per query row, three running quantities (the *online softmax*):
+
+    m   running max of the scores seen so far             (..., L, 1)
+    l   running sum of exp(score - m)                     (..., L, 1)
+    acc running sum of exp(score - m) * value             (..., L, Ev)
+
+When a new tile raises the max from m to m', the old sums are rescaled by exp(m - m'),
+so at the end acc / l is exactly softmax(Q K^T * scale + M) V: the same numbers as
+explicit attention, with O(block_q x block_k) extra memory per head.
+
+Also here: the tile plan (which tiles are computed, masked or skipped), sliding-window
+(local) attention, linear attention with a feature map, its recurrent form with a
+fixed-size state, and ``peak_memory`` (how the notebook measures memory on CPU and CUDA).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from contextlib import contextmanager
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .attention import HALF_DTYPES, validate_qkv
+
+__all__ = [
+    "DEFAULT_BLOCK_SIZE",
+    "CUDA_BLOCK_SIZE",
+    "default_block_size",
+    "SKIP",
+    "PARTIAL",
+    "FULL",
+    "online_softmax",
+    "tile_plan",
+    "flash_attention",
+    "sliding_window_mask",
+    "sliding_window_attention",
+    "elu_feature_map",
+    "random_feature_map",
+    "linear_attention",
+    "linear_attention_step",
+    "peak_memory",
+]
+
+# (block_q, block_k) when none is given. CPU: 256 queries x 512 keys, large enough that each tile
+# is two real matmuls, small enough that a tile of scores for 8 heads (4 MiB in float32) stays in
+# cache (512 x 512 was measurably slower). CUDA: larger tiles, fewer kernel launches.
+DEFAULT_BLOCK_SIZE = (256, 512)
+CUDA_BLOCK_SIZE = (1024, 1024)
+
+LOG2_E = math.log2(math.e)   # e^x = 2^(x log2 e): the kernel folds log2(e) into the scale and uses exp2
+
+# Tile kinds of a tile plan.
+SKIP, PARTIAL, FULL = 0, 1, 2
+
+
+def _shape(t: Tensor) -> str:
+    return "(" + ", ".join(str(s) for s in t.shape) + ")"
+
+
+def _positive_int(name: str, x) -> int:
+    if isinstance(x, bool) or not isinstance(x, int) or x < 1:
+        raise ValueError(f"{name} must be a positive int, got {x!r}")
+    return x
+
+
+def default_block_size(device: torch.device | str = "cpu") -> tuple[int, int]:
+    """(block_q, block_k) that ``flash_attention`` uses on ``device`` when block_size is None."""
+    return CUDA_BLOCK_SIZE if torch.device(device).type == "cuda" else DEFAULT_BLOCK_SIZE
+
+
+def _block_sizes(block_size) -> tuple[int, int]:
+    """block_size: an int (square tiles) or a pair (block_q, block_k)."""
+    if isinstance(block_size, (tuple, list)):
+        if len(block_size) != 2:
+            raise ValueError(f"block_size must be an int or a pair (block_q, block_k), got {block_size!r}")
+        return _positive_int("block_q", block_size[0]), _positive_int("block_k", block_size[1])
+    size = _positive_int("block_size", block_size)
+    return size, size
+
+
+def _band(L: int, S: int, is_causal: bool, window: int | None) -> tuple[int, int]:
+    """The allowed offsets d = j - i between key j and query i: -below <= d <= above.
+
+    No mask: every offset. Causal: above = 0 (top-left aligned, like torch). A window of w:
+    at most w - 1 positions back (and, when not causal, w - 1 forward).
+    """
+    if window is not None:
+        _positive_int("window", window)
+    below = window - 1 if window is not None else L + S
+    above = 0 if is_causal else (window - 1 if window is not None else L + S)
+    return below, above
+
+
+# ---------------------------------------------------------------------------------------------
+# Online softmax on its own
+# ---------------------------------------------------------------------------------------------
+
+def online_softmax(x: Tensor, block_size: int) -> Tensor:
+    """softmax(x) over the last dim, reading x one block of columns at a time.
+
+    One pass keeps a running max m and a running sum l = sum exp(x - m); when a block
+    raises the max to m', the old sum is rescaled: l' = l * exp(m - m') + sum exp(x_block - m').
+    A second pass writes exp(x - m) / l. FlashAttention folds that second pass into the
+    value sum, so it needs one pass only.
+
+    Args:
+        x: (..., n) scores. block_size: columns per block (need not divide n).
+
+    Returns:
+        (..., n) softmax(x, dim=-1).
+    """
+    if not isinstance(x, Tensor) or not x.is_floating_point() or x.dim() < 1:
+        raise ValueError(f"x must be a floating tensor with at least one dim, got {x!r:.60}")
+    _positive_int("block_size", block_size)
+    m = torch.full_like(x[..., :1], float("-inf"))       # (..., 1) running max
+    l = torch.zeros_like(x[..., :1])                     # (..., 1) running sum of exp(x - m)
+    for start in range(0, x.shape[-1], block_size):
+        block = x[..., start:start + block_size]
+        m_new = torch.maximum(m, block.amax(dim=-1, keepdim=True))
+        l = l * torch.exp(m - m_new) + torch.exp(block - m_new).sum(dim=-1, keepdim=True)
+        m = m_new
+    return torch.exp(x - m) / l
+
+
+# ---------------------------------------------------------------------------------------------
+# The tile plan: which tiles are computed, which need a mask, which are skipped
+# ---------------------------------------------------------------------------------------------
+
+def _tile_kind(q0: int, q1: int, k0: int, k1: int, below: int, above: int) -> int:
+    """Kind of the tile of queries [q0, q1) x keys [k0, k1) for offsets -below <= j - i <= above."""
+    if k0 - (q1 - 1) > above or q0 - (k1 - 1) > below:
+        return SKIP                  # every pair is outside the band: never computed
+    if (k1 - 1) - q0 <= above and (q1 - 1) - k0 <= below:
+        return FULL                  # every pair is inside: no mask needed
+    return PARTIAL                   # straddles the band's edge: computed, then masked
+
+
+def tile_plan(L: int, S: int | None = None, block_size=DEFAULT_BLOCK_SIZE, *, is_causal: bool = False,
+              window: int | None = None) -> Tensor:
+    """Which (query tile, key tile) pairs ``flash_attention`` computes.
+
+    Args:
+        L: queries, S: keys (default L). block_size: int or (block_q, block_k).
+        is_causal: query i sees keys j <= i (top-left aligned).
+        window: query i sees keys with |i - j| < window (and j <= i when causal).
+
+    Returns:
+        (ceil(L / block_q), ceil(S / block_k)) int8 tensor of ``SKIP`` (0), ``PARTIAL`` (1,
+        computed then masked) and ``FULL`` (2, computed, no mask).
+    """
+    L = _positive_int("L", L)
+    S = L if S is None else _positive_int("S", S)
+    block_q, block_k = _block_sizes(block_size)
+    below, above = _band(L, S, is_causal, window)
+    rows = []
+    for q0 in range(0, L, block_q):
+        q1 = min(q0 + block_q, L)
+        rows.append([_tile_kind(q0, q1, k0, min(k0 + block_k, S), below, above) for k0 in range(0, S, block_k)])
+    return torch.tensor(rows, dtype=torch.int8)
+
+
+def _band_mask(q0: int, q1: int, k0: int, k1: int, below: int, above: int, device) -> Tensor:
+    """(q1 - q0, k1 - k0) bool, True = may attend: -below <= j - i <= above."""
+    ones = torch.ones(q1 - q0, k1 - k0, dtype=torch.bool, device=device)
+    # with local indices i' = i - q0, j' = j - k0: j - i <= above  <=>  j' - i' <= above + q0 - k0
+    return ones.tril(above + q0 - k0) & ones.triu(q0 - k0 - below)
+
+
+# ---------------------------------------------------------------------------------------------
+# FlashAttention's forward pass, tiled, in plain PyTorch
+# ---------------------------------------------------------------------------------------------
+
+def _attend_query_block(q: Tensor, k: Tensor, v: Tensor, q0: int, block_k: int, below: int, above: int,
+                        compute: torch.dtype) -> Tensor:
+    """Online-softmax attention of one block of queries against the key tiles it needs.
+
+    Works in base 2: q arrives multiplied by scale * log2(e), so a score s here is the usual
+    score times log2(e), and 2^(s - m) = e^(score - m'). exp2 is cheaper than exp on CPUs and
+    GPUs alike, and the output is the same.
+
+    Args:
+        q: (N, Bq, E) queries q0 .. q0 + Bq - 1, already multiplied by scale * log2(e).
+        k: (N, S, E) keys; v: (N, S, Ev) values.
+
+    Returns:
+        (N, Bq, Ev) softmax(q k^T + M) v in the ``compute`` dtype.
+    """
+    N, Bq, _ = q.shape
+    S, Ev = k.shape[1], v.shape[-1]
+    m = torch.full((N, Bq, 1), float("-inf"), dtype=compute, device=q.device)   # running max
+    l = torch.zeros(N, Bq, 1, dtype=compute, device=q.device)                   # running sum
+    acc = torch.zeros(N, Bq, Ev, dtype=compute, device=q.device)                # running output
+    for k0 in range(0, S, block_k):
+        k1 = min(k0 + block_k, S)
+        kind = _tile_kind(q0, q0 + Bq, k0, k1, below, above)
+        if kind == SKIP:
+            continue                                            # above the diagonal: never touched
+        if kind == PARTIAL:                                     # drop key columns no query here may see
+            k0, k1 = max(k0, q0 - below), min(k1, q0 + Bq - 1 + above + 1)
+            kind = _tile_kind(q0, q0 + Bq, k0, k1, below, above)
+        s = torch.bmm(q, k[:, k0:k1].transpose(1, 2)).to(compute)   # (N, Bq, Bk) scores of this tile
+        if kind == PARTIAL:
+            s.masked_fill_(~_band_mask(q0, q0 + Bq, k0, k1, below, above, q.device), float("-inf"))
+        m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))  # (N, Bq, 1)
+        if kind == PARTIAL:                                     # a row may have seen no key yet:
+            m_new = m_new.masked_fill(m_new == float("-inf"), 0.0)  # keep 2^(-inf - m) = 0, not NaN
+        alpha = torch.exp2(m - m_new)                           # rescales what was summed so far
+        p = s.sub_(m_new).exp2_()                               # in place: p = 2^(s - m_new)
+        l.mul_(alpha).add_(p.sum(dim=-1, keepdim=True))
+        if p.dtype == v.dtype:
+            acc.mul_(alpha).baddbmm_(p, v[:, k0:k1])            # acc = acc * alpha + p @ v_tile
+        else:                                                   # half inputs: p @ v in half, sum in float32
+            acc.mul_(alpha).add_(torch.bmm(p.to(v.dtype), v[:, k0:k1]))
+        m = m_new
+    return acc / l.masked_fill(l == 0, 1.0)                     # a row that saw no key: output 0
+
+
+def flash_attention(q: Tensor, k: Tensor, v: Tensor, *, is_causal: bool = False,
+                    block_size=None, scale: float | None = None,
+                    window: int | None = None) -> Tensor:
+    """softmax(Q K^T * scale + M) V computed tile by tile, never forming the L x S matrix.
+
+    Same result as ``torch.nn.functional.scaled_dot_product_attention`` (up to float
+    rounding). Tiles of ``block_q`` queries meet tiles of ``block_k`` keys; per query row an
+    online softmax keeps the running max m, the running sum l and the running output acc:
+
+        m' = max(m, rowmax(S_tile))
+        l' = l * exp(m - m') + rowsum(exp(S_tile - m'))
+        acc' = acc * exp(m - m') + exp(S_tile - m') @ V_tile
+        output = acc / l
+
+    With ``is_causal`` (query i sees keys j <= i, top-left aligned like torch) tiles entirely
+    above the diagonal are skipped, not masked: about half the work for L = S. A tile that
+    straddles the diagonal is first trimmed to the key columns its queries may see, then
+    masked. For speed the exponentials are taken in base 2 (log2(e) folded into the scale),
+    as FlashAttention does.
+
+    Args:
+        q: (..., L, E) queries; k: (..., S, E) keys; v: (..., S, Ev) values. Leading dims
+            (batch, heads) broadcast.
+        is_causal: causal mask, top-left aligned.
+        block_size: int, or (block_q, block_k); need not divide L or S. None:
+            ``default_block_size(q.device)``, (256, 512) on CPU.
+        scale: multiplies the scores; default 1 / sqrt(E).
+        window: sliding window: query i sees only keys with |i - j| < window (and j <= i
+            when causal); tiles outside the band are skipped. None: no window.
+
+    Returns:
+        (..., L, Ev) output in q's dtype. Half-precision inputs: the matmuls run in half
+        precision, the softmax statistics and the running output in float32 (as FlashAttention
+        does). A query that sees no key gets a zero output.
+
+    Raises:
+        ValueError: on shapes that do not fit, a bad block size or window, or inputs that
+            require grad (this is the forward pass only).
+    """
+    validate_qkv(q, k, v)
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        raise ValueError("flash_attention is a forward pass only (it updates its running sums in place, as the "
+                         "fused kernel does), but q, k or v requires grad: call it under torch.no_grad(), or train "
+                         "with F.scaled_dot_product_attention, whose FlashAttention backward recomputes the tiles")
+    block_q, block_k = _block_sizes(default_block_size(q.device) if block_size is None else block_size)
+    L, S, E, Ev = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
+    below, above = _band(L, S, is_causal, window)
+    scale = 1.0 / math.sqrt(E) if scale is None else float(scale)
+    compute = torch.float32 if q.dtype in HALF_DTYPES else q.dtype
+
+    batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
+    q3 = q.expand(*batch, L, E).reshape(-1, L, E)       # (N, L, E), N = product of the batch dims
+    k3 = k.expand(*batch, S, E).reshape(-1, S, E)       # (N, S, E)
+    v3 = v.expand(*batch, S, Ev).reshape(-1, S, Ev)     # (N, S, Ev)
+
+    out = torch.empty(q3.shape[0], L, Ev, dtype=q.dtype, device=q.device)   # (N, L, Ev)
+    for q0 in range(0, L, block_q):
+        q_block = q3[:, q0:q0 + block_q] * (scale * LOG2_E)   # (N, Bq, E): scale once per query, in base 2
+        out[:, q0:q0 + block_q] = _attend_query_block(q_block, k3, v3, q0, block_k, below, above, compute)
+    return out.reshape(*batch, L, Ev)
+
+
+# ---------------------------------------------------------------------------------------------
+# Sliding-window (local) attention
+# ---------------------------------------------------------------------------------------------
+
+def sliding_window_mask(L: int, window: int, S: int | None = None, *, is_causal: bool = True,
+                        device=None) -> Tensor:
+    """Boolean (L, S) mask, True = may attend: |i - j| < window, and j <= i when causal.
+
+    Causal: query i sees keys i - window + 1 .. i (``window`` keys, itself included), as in
+    Mistral-style local attention. Not causal: ``window - 1`` keys on each side and itself.
+    """
+    L = _positive_int("L", L)
+    S = L if S is None else _positive_int("S", S)
+    below, above = _band(L, S, is_causal, _positive_int("window", window))
+    return _band_mask(0, L, 0, S, below, above, device)
+
+
+def sliding_window_attention(q: Tensor, k: Tensor, v: Tensor, window: int, *, is_causal: bool = True,
+                             block_size=None, scale: float | None = None) -> Tensor:
+    """Attention restricted to a band of width ``window``, tiled so the cost is O(n * window).
+
+    Equals ``F.scaled_dot_product_attention(q, k, v, attn_mask=sliding_window_mask(L, window, S))``,
+    but only the tiles that meet the band are computed (see ``tile_plan``).
+
+    Args:
+        q: (..., L, E), k: (..., S, E), v: (..., S, Ev). window: keys seen per query (causal).
+
+    Returns:
+        (..., L, Ev).
+    """
+    return flash_attention(q, k, v, is_causal=is_causal, block_size=block_size, scale=scale,
+                           window=_positive_int("window", window))
+
+
+# ---------------------------------------------------------------------------------------------
+# Linear attention
+# ---------------------------------------------------------------------------------------------
+
+def elu_feature_map(x: Tensor) -> Tensor:
+    """phi(x) = elu(x) + 1: positive features (Katharopoulos et al., 2020)."""
+    return F.elu(x) + 1.0
+
+
+def random_feature_map(x: Tensor, projection: Tensor) -> Tensor:
+    """Positive random features whose dot products estimate exp(q . k / sqrt(dk)).
+
+    phi(x) = exp(W x' - |x'|^2 / 2) / sqrt(m) with x' = x / dk^(1/4) and W (m, dk) Gaussian
+    rows (Performer's FAVOR+, Choromanski et al., 2021): E[phi(q) . phi(k)] = exp(q . k / sqrt(dk)),
+    so linear attention with these features approaches softmax attention as m grows.
+
+    Args:
+        x: (..., n, dk). projection: (m, dk) rows drawn from N(0, I).
+
+    Returns:
+        (..., n, m) features.
+    """
+    if not isinstance(projection, Tensor) or projection.dim() != 2 or projection.shape[1] != x.shape[-1]:
+        shape = _shape(projection) if isinstance(projection, Tensor) else type(projection).__name__
+        raise ValueError(f"projection must be (m, dk) with dk = {x.shape[-1]} (x is {_shape(x)}), got {shape}")
+    x = x / x.shape[-1] ** 0.25
+    wx = x @ projection.T                                         # (..., n, m)
+    return torch.exp(wx - (x * x).sum(dim=-1, keepdim=True) / 2) / math.sqrt(projection.shape[0])
+
+
+def linear_attention(q: Tensor, k: Tensor, v: Tensor, *, feature_map: Callable[[Tensor], Tensor] = elu_feature_map,
+                     is_causal: bool = False, chunk_size: int = 128, eps: float = 1e-6) -> Tensor:
+    """Attention with the kernel phi(q) . phi(k) in place of exp(q . k / sqrt(dk)): O(n) cost.
+
+        out_i = phi(q_i) (sum_j phi(k_j)^T v_j) / (phi(q_i) . sum_j phi(k_j))
+
+    Not causal: the two sums over keys are computed once, a (m, Ev) matrix and an (m,)
+    vector, and every query reads them. Causal (j <= i): the sums become running sums,
+    carried from chunk to chunk as a fixed-size state; inside a chunk of ``chunk_size``
+    queries a small masked (C, C) product adds the keys of the chunk itself. Either way the
+    cost grows like n, not n^2. It is *not* softmax attention: how close it comes depends on
+    how well phi(q) . phi(k) matches exp(q . k / sqrt(dk)).
+
+    Args:
+        q: (..., L, E), k: (..., S, E), v: (..., S, Ev).
+        feature_map: (..., n, E) -> (..., n, m), non-negative (default elu + 1).
+        is_causal: query i sums over keys j <= i (needs L = S).
+        chunk_size: queries per chunk in the causal case.
+
+    Returns:
+        (..., L, Ev).
+    """
+    validate_qkv(q, k, v)
+    if is_causal and q.shape[-2] != k.shape[-2]:
+        raise ValueError(f"causal linear attention needs as many queries as keys, got q {_shape(q)}, k {_shape(k)}")
+    _positive_int("chunk_size", chunk_size)
+    phi_q, phi_k = feature_map(q), feature_map(k)                 # (..., L, m), (..., S, m)
+    if phi_q.shape[-1] != phi_k.shape[-1]:
+        raise ValueError(f"feature_map gave {phi_q.shape[-1]} features for q and {phi_k.shape[-1]} for k")
+    if not is_causal:
+        kv = phi_k.transpose(-2, -1) @ v                                     # (..., m, Ev) one summary
+        z = phi_k.sum(dim=-2, keepdim=True)                                  # (..., 1, m)
+        return (phi_q @ kv) / ((phi_q * z).sum(dim=-1, keepdim=True) + eps)  # (..., L, Ev)
+
+    batch = torch.broadcast_shapes(phi_q.shape[:-2], phi_k.shape[:-2])
+    m, Ev = phi_k.shape[-1], v.shape[-1]
+    kv = torch.zeros(*batch, m, Ev, dtype=v.dtype, device=v.device)         # state: sum phi(k)^T v so far
+    z = torch.zeros(*batch, 1, m, dtype=v.dtype, device=v.device)           # state: sum phi(k) so far
+    outs = []
+    for c0 in range(0, q.shape[-2], chunk_size):
+        pq, pk = phi_q[..., c0:c0 + chunk_size, :], phi_k[..., c0:c0 + chunk_size, :]   # (..., C, m)
+        vc = v[..., c0:c0 + chunk_size, :]                                   # (..., C, Ev)
+        a = (pq @ pk.transpose(-2, -1)).tril()                               # (..., C, C) within the chunk
+        num = pq @ kv + a @ vc                                               # (..., C, Ev)
+        den = (pq * z).sum(dim=-1, keepdim=True) + a.sum(dim=-1, keepdim=True)  # (..., C, 1)
+        outs.append(num / (den + eps))
+        kv = kv + pk.transpose(-2, -1) @ vc                                  # carry the state forward
+        z = z + pk.sum(dim=-2, keepdim=True)
+    return torch.cat(outs, dim=-2)                                           # (..., L, Ev)
+
+
+def linear_attention_step(state: tuple[Tensor, Tensor] | None, q: Tensor, k: Tensor, v: Tensor, *,
+                          feature_map: Callable[[Tensor], Tensor] = elu_feature_map,
+                          eps: float = 1e-6) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+    """One decoding step of causal linear attention: a fixed-size state instead of a cache.
+
+    The state is (kv, z) = (sum_j phi(k_j)^T v_j, sum_j phi(k_j)): (..., m, Ev) and (..., m),
+    the same size after 10 tokens or 10 million. A KV cache instead grows by one key and one
+    value per token.
+
+    Args:
+        state: (kv, z) from the previous step, or None at the start.
+        q, k: (..., E), v: (..., Ev) the new token's query, key and value.
+
+    Returns:
+        output (..., Ev) and the new state.
+    """
+    phi_q, phi_k = feature_map(q), feature_map(k)                 # (..., m)
+    if state is None:
+        kv = torch.zeros(*phi_k.shape, v.shape[-1], dtype=v.dtype, device=v.device)
+        z = torch.zeros_like(phi_k)
+    else:
+        kv, z = state
+    kv = kv + phi_k.unsqueeze(-1) * v.unsqueeze(-2)               # (..., m, Ev)
+    z = z + phi_k                                                 # (..., m)
+    out = (phi_q.unsqueeze(-2) @ kv).squeeze(-2) / ((phi_q * z).sum(-1, keepdim=True) + eps)
+    return out, (kv, z)
+
+
+# ---------------------------------------------------------------------------------------------
+# Measuring peak memory
+# ---------------------------------------------------------------------------------------------
+
+@contextmanager
+def _quiet_stderr():
+    """Silence C++ writes to file descriptor 2 (the profiler's start/stop log lines)."""
+    try:
+        fd = os.dup(2)
+    except OSError:       # no real stderr (some embedded interpreters): nothing to silence
+        yield
+        return
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+            yield
+    finally:
+        os.dup2(fd, 2)
+        os.close(fd)
+
+
+def _cpu_peak_bytes(fn: Callable[[], object]) -> tuple[int, object]:
+    from torch.profiler import ProfilerActivity, profile
+
+    with _quiet_stderr(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        result = fn()
+    # Every allocation (+bytes) and free (-bytes) the CPU allocator made, in time order.
+    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
+    events.sort(key=lambda e: e.start_ns())
+    live = peak = 0
+    for e in events:
+        live += e.nbytes()
+        peak = max(peak, live)
+    return peak, result
+
+
+def peak_memory(fn: Callable[[], object], device: torch.device | str = "cpu") -> int:
+    """Peak bytes allocated while ``fn()`` runs, above what was allocated before.
+
+    CUDA: ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats`` (the caching
+    allocator's own count). CPU: torch's profiler with ``profile_memory=True`` logs every
+    allocation and free of the CPU allocator, including the scratch buffers inside fused
+    kernels; we replay them in time order and keep the highest running total. The result
+    (typically the output) is kept alive until the measurement ends, so it counts.
+    Tensors created before the call (the inputs) do not count.
+    """
+    device = torch.device(device)
+    with torch.no_grad():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+            torch.cuda.reset_peak_memory_stats(device)
+            before = torch.cuda.memory_allocated(device)
+            result = fn()
+            torch.cuda.synchronize(device)
+            peak = torch.cuda.max_memory_allocated(device) - before
+        else:
+            peak, result = _cpu_peak_bytes(fn)
+    del result
+    return int(peak)
