@@ -25,6 +25,8 @@ _LAZY = {
     "alibi_bias": "positions",
     "KVCache": "kv_cache",
     "kv_cache_bytes": "kv_cache",
+    "TinyDecoder": "models",
+    "load_tiny_decoder": "models",
     "flash_attention": "efficient",
 }
 

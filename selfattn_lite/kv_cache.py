@@ -1,0 +1,445 @@
+"""The KV cache: keep every past key and value so a decoding step only computes the new token's.
+
+During generation each new token attends to the keys and values of every earlier token,
+in every layer. Without a cache they are recomputed from the whole context at each step;
+with one they are computed once, stored, and read back. Its size is
+
+    bytes = 2 (K and V) x layers x kv_heads x head_dim x tokens x batch x bytes_per_value
+
+This module holds the per-layer ``KVCache``, the size formula ``kv_cache_bytes`` with the
+published configurations of real models (``PRESETS``), and two things serving systems add:
+a paged block allocator (``PagedKVCache``) and an 8-bit cache (``Int8KVCache``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "KVCache",
+    "kv_cache_bytes",
+    "ModelPreset",
+    "PRESETS",
+    "get_preset",
+    "format_bytes",
+    "PagedKVCache",
+    "paging_waste",
+    "quantize_int8",
+    "dequantize_int8",
+    "Int8KVCache",
+]
+
+
+def _shape(t: Tensor) -> str:
+    return "(" + ", ".join(str(s) for s in t.shape) + ")"
+
+
+def _positive_int(name: str, n) -> int:
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"{name} must be a positive int, got {n!r}")
+    return n
+
+
+# --------------------------------------------------------------------------------------
+# The cache of one layer
+# --------------------------------------------------------------------------------------
+class KVCache:
+    """Preallocated keys and values of one attention layer, filled left to right.
+
+    ``update(k, v)`` writes the new tokens' keys and values at positions
+    [len, len + T_new) and returns everything stored so far; ``len(cache)`` is the number
+    of tokens stored, which is also the position of the next token (what RoPE needs).
+
+    Args:
+        batch: B, sequences decoded together.
+        n_kv_heads: key/value heads of the layer (n_heads for MHA, fewer for GQA/MQA).
+        max_len: the most tokens the cache can hold (prompt + generated).
+        head_dim: dk, the size of one head's key/value vector.
+        dtype, device: of the buffers; ``update`` requires the same.
+
+    Attributes:
+        k, v: the (B, n_kv_heads, max_len, head_dim) buffers (only [:len] is meaningful).
+    """
+
+    def __init__(self, batch: int, n_kv_heads: int, max_len: int, head_dim: int, *,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str | None = None):
+        self.batch = _positive_int("batch", batch)
+        self.n_kv_heads = _positive_int("n_kv_heads", n_kv_heads)
+        self.max_len = _positive_int("max_len", max_len)
+        self.head_dim = _positive_int("head_dim", head_dim)
+        shape = (batch, n_kv_heads, max_len, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)  # (B, h_kv, max_len, dk)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)  # (B, h_kv, max_len, dk)
+        self._len = 0
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.k.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.k.device
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(batch={self.batch}, n_kv_heads={self.n_kv_heads}, "
+                f"max_len={self.max_len}, head_dim={self.head_dim}, dtype={self.dtype}, len={self._len})")
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the preallocated K and V buffers (all max_len slots)."""
+        return self.k.nbytes + self.v.nbytes
+
+    @property
+    def used_bytes(self) -> int:
+        """Bytes of the slots filled so far: 2 x B x h_kv x len x dk x bytes per value."""
+        return 2 * self.batch * self.n_kv_heads * self._len * self.head_dim * self.k.element_size()
+
+    def _check(self, k: Tensor, v: Tensor) -> int:
+        for name, t in (("k", k), ("v", v)):
+            if not isinstance(t, Tensor):
+                raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+            if t.dim() != 4 or t.shape[0] != self.batch or t.shape[1] != self.n_kv_heads \
+                    or t.shape[3] != self.head_dim:
+                raise ValueError(
+                    f"{name} must have shape (B={self.batch}, n_kv_heads={self.n_kv_heads}, T_new, "
+                    f"head_dim={self.head_dim}) to fit this cache, got {_shape(t)}")
+            if t.dtype != self.dtype:
+                raise ValueError(f"{name} has dtype {t.dtype} but the cache holds {self.dtype}")
+            if t.device != self.device:
+                raise ValueError(f"{name} is on {t.device} but the cache is on {self.device}")
+        if k.shape != v.shape:
+            raise ValueError(f"k and v must have the same shape, got k {_shape(k)} and v {_shape(v)}")
+        t_new = k.shape[2]
+        if t_new < 1:
+            raise ValueError(f"k and v must hold at least one new token, got T_new = 0 ({_shape(k)})")
+        if self._len + t_new > self.max_len:
+            raise ValueError(
+                f"KV cache overflow: it holds {self._len} tokens, {t_new} more would make "
+                f"{self._len + t_new} > max_len = {self.max_len}; allocate a larger max_len or reset()")
+        return t_new
+
+    def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Append the new tokens' keys and values; return all stored keys and values.
+
+        Args:
+            k, v: (B, n_kv_heads, T_new, head_dim), the new tokens (T_new = prompt length
+                at prefill, 1 per decoding step, or a chunk).
+
+        Returns:
+            k_all, v_all: (B, n_kv_heads, len + T_new, head_dim) views of the buffers
+            (no copy), oldest token first.
+
+        Raises:
+            ValueError: on a shape, dtype or device that does not fit, or on overflow.
+        """
+        t_new = self._check(k, v)
+        start, end = self._len, self._len + t_new
+        self.k[:, :, start:end] = k
+        self.v[:, :, start:end] = v
+        self._len = end
+        return self.k[:, :, :end], self.v[:, :, :end]  # (B, h_kv, len, dk)
+
+    def reset(self) -> None:
+        """Forget every stored token (the buffers stay allocated, for the next sequence)."""
+        self._len = 0
+
+    def crop(self, length: int) -> None:
+        """Keep only the first ``length`` tokens (roll back a rejected draft, re-decode a suffix)."""
+        if isinstance(length, bool) or not isinstance(length, int) or not 0 <= length <= self._len:
+            raise ValueError(f"crop length must be an int in [0, len={self._len}], got {length!r}")
+        self._len = length
+
+
+# --------------------------------------------------------------------------------------
+# How big is it? The formula, and real models
+# --------------------------------------------------------------------------------------
+def kv_cache_bytes(n_layers: int, n_kv_heads: int, head_dim: int, n_tokens: int = 1, batch: int = 1,
+                   bytes_per_value: float = 2) -> int:
+    """Memory of a KV cache: 2 x layers x kv_heads x head_dim x tokens x batch x bytes.
+
+    The 2 counts keys and values. ``bytes_per_value`` is 2 for fp16/bf16, 4 for fp32,
+    1 for int8 (scales not counted).
+
+    Example: Llama-2-7B (32 layers, 32 KV heads of 128 dims), fp16:
+    ``kv_cache_bytes(32, 32, 128)`` = 524,288 bytes = 512 KiB per token.
+    """
+    for name, n in (("n_layers", n_layers), ("n_kv_heads", n_kv_heads), ("head_dim", head_dim),
+                    ("batch", batch)):
+        _positive_int(name, n)
+    if isinstance(n_tokens, bool) or not isinstance(n_tokens, int) or n_tokens < 0:
+        raise ValueError(f"n_tokens must be a non-negative int, got {n_tokens!r}")
+    if not bytes_per_value > 0:
+        raise ValueError(f"bytes_per_value must be > 0, got {bytes_per_value!r}")
+    total = 2 * n_layers * n_kv_heads * head_dim * n_tokens * batch * bytes_per_value
+    return int(round(total))
+
+
+@dataclass(frozen=True)
+class ModelPreset:
+    """The published shape of a real model (its config.json), enough for memory arithmetic.
+
+    ``n_params`` is the model's total parameter count (embeddings included, tied ones
+    counted once), so ``n_params x bytes`` is the memory of its weights.
+    """
+
+    name: str
+    n_layers: int
+    d_model: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    ffn_dim: int
+    vocab_size: int
+    max_position: int
+    n_params: int
+    attention: str  # "MHA", "GQA" or "MQA"
+
+    def kv_bytes(self, n_tokens: int = 1, batch: int = 1, bytes_per_value: float = 2,
+                 n_kv_heads: int | None = None) -> int:
+        """KV cache bytes for this model (optionally with another number of KV heads)."""
+        heads = self.n_kv_heads if n_kv_heads is None else n_kv_heads
+        return kv_cache_bytes(self.n_layers, heads, self.head_dim, n_tokens, batch, bytes_per_value)
+
+    def weight_bytes(self, bytes_per_value: float = 2) -> int:
+        """Memory of the weights: n_params x bytes per value."""
+        return int(round(self.n_params * bytes_per_value))
+
+
+def _preset(name, n_layers, d_model, n_heads, n_kv_heads, ffn_dim, vocab_size, max_position, n_params):
+    kind = "MHA" if n_kv_heads == n_heads else ("MQA" if n_kv_heads == 1 else "GQA")
+    return ModelPreset(name, n_layers, d_model, n_heads, n_kv_heads, d_model // n_heads, ffn_dim,
+                       vocab_size, max_position, n_params, kind)
+
+
+# Values from each model's published config.json; n_params from the model card / checkpoint.
+PRESETS: dict[str, ModelPreset] = {p.name: p for p in [
+    #        name           layers d_model heads kv  ffn    vocab   max_pos n_params
+    _preset("GPT-2 (124M)",    12,   768,   12, 12,  3072,  50257,   1024,     124_439_808),
+    _preset("Llama-2-7B",      32,  4096,   32, 32, 11008,  32000,   4096,   6_738_415_616),
+    _preset("Llama-2-13B",     40,  5120,   40, 40, 13824,  32000,   4096,  13_015_864_320),
+    _preset("Llama-2-70B",     80,  8192,   64,  8, 28672,  32000,   4096,  68_976_648_192),
+    _preset("Mistral-7B",      32,  4096,   32,  8, 14336,  32000,  32768,   7_241_732_096),
+    _preset("Llama-3-8B",      32,  4096,   32,  8, 14336, 128256,   8192,   8_030_261_248),
+    _preset("Llama-3-70B",     80,  8192,   64,  8, 28672, 128256,   8192,  70_553_706_496),
+    _preset("Qwen2.5-7B",      28,  3584,   28,  4, 18944, 152064, 131072,   7_615_616_512),
+]}
+
+
+def get_preset(name: str) -> ModelPreset:
+    """Look up a preset by name (case-insensitive), e.g. ``get_preset("llama-2-7b")``."""
+    for key, preset in PRESETS.items():
+        if key.lower() == name.lower():
+            return preset
+    raise ValueError(f"unknown model preset {name!r}; known: {', '.join(PRESETS)}")
+
+
+def format_bytes(n: float) -> str:
+    """Binary units, as memory is sold: 524288 -> '512.0 KiB', 2**31 -> '2.00 GiB'."""
+    if n < 1024:
+        return f"{n:.0f} B"
+    for unit, power in (("KiB", 1), ("MiB", 2), ("GiB", 3), ("TiB", 4)):
+        value = n / 1024 ** power
+        if value < 1024 or unit == "TiB":
+            return f"{value:.1f} {unit}" if unit in ("KiB", "MiB") else f"{value:.2f} {unit}"
+    raise AssertionError("unreachable")
+
+
+# --------------------------------------------------------------------------------------
+# Paged allocation (the idea of vLLM's PagedAttention)
+# --------------------------------------------------------------------------------------
+class PagedKVCache:
+    """A KV cache for many sequences, stored in fixed-size blocks taken from one shared pool.
+
+    Instead of reserving max_len slots per request up front, a sequence gets a new block
+    of ``block_size`` token slots only when its last block is full. A per-sequence
+    *block table* lists the pool blocks it owns, in order; reading a sequence back
+    gathers those blocks. The only waste is the unfilled tail of each sequence's last block.
+
+    Args:
+        n_blocks: size of the pool, in blocks.
+        block_size: token slots per block.
+        n_kv_heads, head_dim: as in ``KVCache``.
+
+    Attributes:
+        k_pool, v_pool: (n_blocks, n_kv_heads, block_size, head_dim).
+        block_tables: sequence id -> list of pool block indices.
+        lengths: sequence id -> tokens stored.
+    """
+
+    def __init__(self, n_blocks: int, block_size: int, n_kv_heads: int, head_dim: int, *,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str | None = None):
+        self.n_blocks = _positive_int("n_blocks", n_blocks)
+        self.block_size = _positive_int("block_size", block_size)
+        self.n_kv_heads = _positive_int("n_kv_heads", n_kv_heads)
+        self.head_dim = _positive_int("head_dim", head_dim)
+        shape = (n_blocks, n_kv_heads, block_size, head_dim)
+        self.k_pool = torch.zeros(shape, dtype=dtype, device=device)
+        self.v_pool = torch.zeros(shape, dtype=dtype, device=device)
+        self.free_blocks = list(range(n_blocks - 1, -1, -1))  # a stack: pop() gives 0, 1, 2, ...
+        self.block_tables: dict = {}
+        self.lengths: dict = {}
+
+    def blocks_needed(self, seq_id, n_new: int) -> int:
+        """How many new blocks appending ``n_new`` tokens to a sequence takes."""
+        length = self.lengths.get(seq_id, 0)
+        have = len(self.block_tables.get(seq_id, []))
+        return math.ceil((length + n_new) / self.block_size) - have
+
+    def append(self, seq_id, k: Tensor, v: Tensor) -> None:
+        """Store T_new tokens of one sequence: k, v (n_kv_heads, T_new, head_dim)."""
+        expected = (self.n_kv_heads, k.shape[1] if k.dim() == 3 else -1, self.head_dim)
+        for name, t in (("k", k), ("v", v)):
+            if t.dim() != 3 or tuple(t.shape) != expected or t.dtype != self.k_pool.dtype:
+                raise ValueError(f"{name} must be (n_kv_heads={self.n_kv_heads}, T_new, head_dim={self.head_dim}) "
+                                 f"of dtype {self.k_pool.dtype}, got {_shape(t)} of dtype {t.dtype}")
+        needed = self.blocks_needed(seq_id, k.shape[1])
+        if needed > len(self.free_blocks):
+            raise ValueError(f"paged cache out of blocks: sequence {seq_id!r} needs {needed} more but only "
+                             f"{len(self.free_blocks)} of the {self.n_blocks} blocks of {self.block_size} tokens "
+                             f"are free; free a finished sequence")
+        table = self.block_tables.setdefault(seq_id, [])
+        length = self.lengths.get(seq_id, 0)
+        for t in range(k.shape[1]):
+            slot = length % self.block_size
+            if slot == 0:                      # the last block is full (or there is none yet)
+                table.append(self.free_blocks.pop())
+            block = table[-1]
+            self.k_pool[block, :, slot] = k[:, t]
+            self.v_pool[block, :, slot] = v[:, t]
+            length += 1
+        self.lengths[seq_id] = length
+
+    def gather(self, seq_id) -> tuple[Tensor, Tensor]:
+        """The keys and values of one sequence, contiguous: (n_kv_heads, len, head_dim) each."""
+        if seq_id not in self.block_tables:
+            raise ValueError(f"unknown sequence {seq_id!r}; stored: {list(self.block_tables)}")
+        table = torch.tensor(self.block_tables[seq_id], device=self.k_pool.device)
+        n = self.lengths[seq_id]
+        k = self.k_pool[table].transpose(0, 1).reshape(self.n_kv_heads, -1, self.head_dim)[:, :n]
+        v = self.v_pool[table].transpose(0, 1).reshape(self.n_kv_heads, -1, self.head_dim)[:, :n]
+        return k, v  # (h_kv, len, dk)
+
+    def free(self, seq_id) -> None:
+        """Return a finished sequence's blocks to the pool."""
+        if seq_id not in self.block_tables:
+            raise ValueError(f"unknown sequence {seq_id!r}; stored: {list(self.block_tables)}")
+        self.free_blocks.extend(reversed(self.block_tables.pop(seq_id)))
+        del self.lengths[seq_id]
+
+    @property
+    def blocks_in_use(self) -> int:
+        return self.n_blocks - len(self.free_blocks)
+
+    @property
+    def tokens_stored(self) -> int:
+        return sum(self.lengths.values())
+
+    @property
+    def slots_reserved(self) -> int:
+        return self.blocks_in_use * self.block_size
+
+
+def paging_waste(lengths, max_len: int, block_size: int) -> dict:
+    """Token slots reserved for a batch of requests: contiguous max-length versus paged.
+
+    A contiguous cache reserves ``max_len`` slots per request (the final length is not
+    known in advance); a paged one reserves ceil(length / block_size) blocks.
+
+    Args:
+        lengths: final length (prompt + generated) of each request, each <= max_len.
+
+    Returns:
+        dict with ``tokens`` (slots actually used), ``contiguous`` and ``paged`` (slots
+        reserved), and ``contiguous_waste`` / ``paged_waste`` (share of reserved slots unused).
+    """
+    lengths = [int(n) for n in lengths]
+    _positive_int("max_len", max_len)
+    _positive_int("block_size", block_size)
+    if any(n < 0 or n > max_len for n in lengths):
+        raise ValueError(f"every length must be in [0, max_len={max_len}], got {lengths}")
+    tokens = sum(lengths)
+    contiguous = max_len * len(lengths)
+    paged = sum(math.ceil(n / block_size) * block_size for n in lengths)
+    return dict(tokens=tokens, contiguous=contiguous, paged=paged,
+                contiguous_waste=1 - tokens / contiguous if contiguous else 0.0,
+                paged_waste=1 - tokens / paged if paged else 0.0)
+
+
+# --------------------------------------------------------------------------------------
+# 8-bit cache quantisation
+# --------------------------------------------------------------------------------------
+def quantize_int8(x: Tensor) -> tuple[Tensor, Tensor]:
+    """Symmetric absmax int8 quantisation of each vector along the last dim.
+
+    For a key/value tensor (B, h, T, dk) that is one scale per head and per token:
+    scale = max|x| / 127, q = round(x / scale), so x ~ q * scale.
+
+    Returns:
+        q: int8, same shape as x; scale: (..., 1) in x's dtype.
+    """
+    if not x.is_floating_point():
+        raise ValueError(f"quantize_int8 expects a floating tensor, got dtype {x.dtype}")
+    absmax = x.abs().amax(dim=-1, keepdim=True).to(torch.float32)    # (..., 1)
+    scale = (absmax / 127.0).clamp_min(1e-12)
+    q = torch.round(x.to(torch.float32) / scale).clamp(-127, 127).to(torch.int8)
+    return q, scale.to(x.dtype)
+
+
+def dequantize_int8(q: Tensor, scale: Tensor, dtype: torch.dtype | None = None) -> Tensor:
+    """q * scale, in ``dtype`` (default: the scale's dtype)."""
+    dtype = scale.dtype if dtype is None else dtype
+    return (q.to(torch.float32) * scale.to(torch.float32)).to(dtype)
+
+
+class Int8KVCache(KVCache):
+    """A ``KVCache`` that stores keys and values as int8 with one scale per head and token.
+
+    Same API as ``KVCache``: ``update`` takes and returns floating tensors (it quantises
+    what it stores and dequantises what it returns), so a model can use it unchanged.
+    Memory per value: 1 byte, plus one ``dtype`` scale per head_dim values.
+    """
+
+    def __init__(self, batch: int, n_kv_heads: int, max_len: int, head_dim: int, *,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str | None = None):
+        self.batch = _positive_int("batch", batch)
+        self.n_kv_heads = _positive_int("n_kv_heads", n_kv_heads)
+        self.max_len = _positive_int("max_len", max_len)
+        self.head_dim = _positive_int("head_dim", head_dim)
+        self._dtype = dtype
+        shape = (batch, n_kv_heads, max_len, head_dim)
+        self.k = torch.zeros(shape, dtype=torch.int8, device=device)   # (B, h_kv, max_len, dk)
+        self.v = torch.zeros(shape, dtype=torch.int8, device=device)
+        self.k_scale = torch.ones(shape[:3] + (1,), dtype=dtype, device=device)  # (B, h_kv, max_len, 1)
+        self.v_scale = torch.ones(shape[:3] + (1,), dtype=dtype, device=device)
+        self._len = 0
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self._dtype
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes + self.k_scale.nbytes + self.v_scale.nbytes
+
+    @property
+    def used_bytes(self) -> int:
+        per_token = 2 * self.batch * self.n_kv_heads * (self.head_dim * 1 + self.k_scale.element_size())
+        return per_token * self._len
+
+    def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Quantise and append k, v (B, n_kv_heads, T_new, head_dim); return all, dequantised."""
+        t_new = self._check(k, v)
+        start, end = self._len, self._len + t_new
+        self.k[:, :, start:end], self.k_scale[:, :, start:end] = quantize_int8(k)
+        self.v[:, :, start:end], self.v_scale[:, :, start:end] = quantize_int8(v)
+        self._len = end
+        k_all = dequantize_int8(self.k[:, :, :end], self.k_scale[:, :, :end])  # (B, h_kv, len, dk)
+        v_all = dequantize_int8(self.v[:, :, :end], self.v_scale[:, :, :end])
+        return k_all, v_all

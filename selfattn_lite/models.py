@@ -1,0 +1,435 @@
+"""A tiny decoder-only transformer built from the package's parts, and the one we trained.
+
+    x_0 = Embed(ids)
+    x_l = x_{l-1} + MHA(Norm(x_{l-1}))      causal, RoPE, n_kv_heads K/V heads
+    x_l = x_l + MLP(Norm(x_l))
+    logits = Norm(x_L) E^T                   (the embedding matrix E reused as the output layer)
+
+``TinyDecoder.generate`` decodes greedily, with a KV cache (one ``KVCache`` per layer:
+prefill the prompt once, then one token per step) or without one (re-run the whole
+context at every step). Both give the same tokens; the cache only saves work.
+
+``load_tiny_decoder()`` loads the character-level model shipped in ``selfattn_lite/data``
+(trained by ``python -m selfattn_lite.train_tiny`` on Shakespeare), with its tokenizer.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .kv_cache import KVCache
+from .multihead import MultiHeadAttention
+from .positions import RotaryEmbedding
+
+__all__ = [
+    "DecoderConfig",
+    "CharTokenizer",
+    "DecoderBlock",
+    "TinyDecoder",
+    "to_gqa",
+    "load_tiny_decoder",
+    "load_text",
+    "split_text",
+    "evaluate",
+    "DATA_DIR",
+    "WEIGHTS_FILE",
+    "CONFIG_FILE",
+    "TEXT_FILE",
+]
+
+DATA_DIR = Path(__file__).parent / "data"
+WEIGHTS_FILE = DATA_DIR / "tiny_decoder.safetensors"
+CONFIG_FILE = DATA_DIR / "tiny_decoder.json"
+TEXT_FILE = DATA_DIR / "shakespeare.txt"
+
+
+def _shape(t: Tensor) -> str:
+    return "(" + ", ".join(str(s) for s in t.shape) + ")"
+
+
+# --------------------------------------------------------------------------------------
+# Configuration and tokenizer
+# --------------------------------------------------------------------------------------
+@dataclass
+class DecoderConfig:
+    """Shape of a ``TinyDecoder``.
+
+    Args:
+        vocab_size: number of token ids.
+        d_model: width d.
+        n_layers: number of blocks.
+        n_heads: query heads h (head_dim = d / h).
+        n_kv_heads: key/value heads (default h: MHA; 1: MQA; between: GQA).
+        d_ff: hidden width of the MLP (default 4 d).
+        max_len: longest sequence (prompt + generated) the model handles.
+        rope_base: RoPE's base b.
+        norm: "rmsnorm" or "layernorm".
+        tie_embeddings: reuse the embedding matrix as the output layer.
+        dropout: dropout on each block's two residual branches (training only).
+    """
+
+    vocab_size: int
+    d_model: int = 128
+    n_layers: int = 4
+    n_heads: int = 8
+    n_kv_heads: int | None = None
+    d_ff: int | None = None
+    max_len: int = 512
+    rope_base: float = 10000.0
+    norm: str = "rmsnorm"
+    tie_embeddings: bool = True
+    dropout: float = 0.0
+
+    def __post_init__(self):
+        if self.n_kv_heads is None:
+            self.n_kv_heads = self.n_heads
+        if self.d_ff is None:
+            self.d_ff = 4 * self.d_model
+        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "max_len"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}")
+        if (self.d_model // self.n_heads) % 2:
+            raise ValueError(f"RoPE needs an even head_dim, got d_model / n_heads = {self.d_model // self.n_heads}")
+        if self.norm not in ("rmsnorm", "layernorm"):
+            raise ValueError(f"norm must be 'rmsnorm' or 'layernorm', got {self.norm!r}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @classmethod
+    def from_dict(cls, d: dict) -> DecoderConfig:
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+class CharTokenizer:
+    """One token per character; ids are positions in the sorted vocabulary string."""
+
+    def __init__(self, chars: str):
+        if len(set(chars)) != len(chars):
+            raise ValueError("the vocabulary has repeated characters")
+        self.chars = chars
+        self.index = {c: i for i, c in enumerate(chars)}
+
+    @classmethod
+    def from_text(cls, text: str) -> CharTokenizer:
+        return cls("".join(sorted(set(text))))
+
+    def __len__(self) -> int:
+        return len(self.chars)
+
+    def encode(self, text: str) -> Tensor:
+        """str -> (T,) long ids."""
+        unknown = sorted(set(text) - set(self.index))
+        if unknown:
+            raise ValueError(f"characters not in the vocabulary: {unknown!r}")
+        return torch.tensor([self.index[c] for c in text], dtype=torch.long)
+
+    def decode(self, ids) -> str:
+        """(T,) ids -> str."""
+        ids = ids.tolist() if isinstance(ids, Tensor) else list(ids)
+        return "".join(self.chars[i] for i in ids)
+
+
+# --------------------------------------------------------------------------------------
+# The model
+# --------------------------------------------------------------------------------------
+def _norm(config: DecoderConfig) -> nn.Module:
+    if config.norm == "rmsnorm":
+        return nn.RMSNorm(config.d_model, eps=1e-5)
+    return nn.LayerNorm(config.d_model, bias=False)
+
+
+class MLP(nn.Module):
+    """Position-wise feed-forward: GELU(x W_1) W_2, d -> d_ff -> d."""
+
+    def __init__(self, d_model: int, d_ff: int):
+        super().__init__()
+        self.fc1 = nn.Linear(d_model, d_ff, bias=False)
+        self.fc2 = nn.Linear(d_ff, d_model, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc2(F.gelu(self.fc1(x)))
+
+
+class DecoderBlock(nn.Module):
+    """Pre-norm block: x + MHA(Norm(x)), then x + MLP(Norm(x))."""
+
+    def __init__(self, config: DecoderConfig, rope: RotaryEmbedding):
+        super().__init__()
+        self.norm1 = _norm(config)
+        self.attn = MultiHeadAttention(config.d_model, config.n_heads, config.n_kv_heads, causal=True,
+                                       bias=False, rope=rope)
+        self.norm2 = _norm(config)
+        self.mlp = MLP(config.d_model, config.d_ff)
+        self.drop = nn.Dropout(config.dropout)
+
+    def forward(self, x: Tensor, kv_cache: KVCache | None = None) -> Tensor:
+        """x (B, T, d) -> (B, T, d); with a cache, T new tokens after len(kv_cache) old ones."""
+        y, _ = self.attn(self.norm1(x), kv_cache=kv_cache)
+        x = x + self.drop(y)
+        return x + self.drop(self.mlp(self.norm2(x)))
+
+
+class TinyDecoder(nn.Module):
+    """Decoder-only transformer: embeddings, ``n_layers`` pre-norm blocks, a final norm, logits.
+
+    Args:
+        config: a ``DecoderConfig``.
+
+    Attributes:
+        tokenizer: set by ``load_tiny_decoder`` (a ``CharTokenizer``), else None.
+    """
+
+    def __init__(self, config: DecoderConfig):
+        super().__init__()
+        self.config = config
+        self.rope = RotaryEmbedding(config.head_dim, base=config.rope_base)
+        self.embed = nn.Embedding(config.vocab_size, config.d_model)
+        self.blocks = nn.ModuleList(DecoderBlock(config, self.rope) for _ in range(config.n_layers))
+        self.norm = _norm(config)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        if config.tie_embeddings:
+            self.lm_head.weight = self.embed.weight
+        self.tokenizer: CharTokenizer | None = None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """GPT-2's initialisation: N(0, 0.02), residual outputs scaled by 1 / sqrt(2 n_layers)."""
+        for name, p in self.named_parameters():
+            if p.dim() == 2:
+                std = 0.02 / math.sqrt(2 * self.config.n_layers) if name.endswith(("out_proj.weight", "fc2.weight")) \
+                    else 0.02
+                nn.init.normal_(p, std=std)
+
+    def n_params(self) -> int:
+        """Parameters, the tied embedding counted once."""
+        return sum(p.numel() for p in self.parameters())
+
+    # ------------------------------------------------------------------ caches
+    def new_caches(self, batch: int, max_len: int | None = None, *, cache_cls=KVCache) -> list[KVCache]:
+        """One empty cache per layer, (batch, n_kv_heads, max_len, head_dim), in the model's dtype."""
+        c, p = self.config, self.embed.weight
+        max_len = c.max_len if max_len is None else max_len
+        return [cache_cls(batch, c.n_kv_heads, max_len, c.head_dim, dtype=p.dtype, device=p.device)
+                for _ in range(c.n_layers)]
+
+    # ------------------------------------------------------------------ forward
+    def _check_ids(self, ids) -> Tensor:
+        ids = torch.as_tensor(ids)
+        if ids.dim() == 1:
+            ids = ids[None]                                   # (T,) -> (1, T)
+        if ids.dim() != 2 or ids.is_floating_point() or ids.dtype == torch.bool:
+            raise ValueError(f"ids must be (B, T) or (T,) integer token ids, got {_shape(ids)} of dtype {ids.dtype}")
+        if ids.numel() and (ids.min() < 0 or ids.max() >= self.config.vocab_size):
+            raise ValueError(f"token ids must be in [0, vocab_size={self.config.vocab_size}), "
+                             f"got min {int(ids.min())}, max {int(ids.max())}")
+        return ids.to(self.embed.weight.device)
+
+    def forward(self, ids: Tensor, caches: list[KVCache] | None = None) -> Tensor:
+        """Next-token logits for every position.
+
+        Args:
+            ids: (B, T) token ids. With ``caches``, the T new tokens that follow the
+                len(caches[0]) tokens already stored (positions continue from there).
+            caches: None (attend among ``ids`` only) or one ``KVCache`` per layer.
+
+        Returns:
+            (B, T, vocab_size) logits.
+        """
+        ids = self._check_ids(ids)
+        if caches is not None and len(caches) != self.config.n_layers:
+            raise ValueError(f"expected one cache per layer ({self.config.n_layers}), got {len(caches)}")
+        past = len(caches[0]) if caches is not None else 0
+        if past + ids.shape[1] > self.config.max_len:
+            raise ValueError(f"{past} cached + {ids.shape[1]} new tokens exceed max_len={self.config.max_len}")
+        x = self.embed(ids)                                   # (B, T, d)
+        for i, block in enumerate(self.blocks):
+            x = block(x, kv_cache=None if caches is None else caches[i])
+        return self.lm_head(self.norm(x))                     # (B, T, V)
+
+    def loss(self, ids: Tensor) -> Tensor:
+        """Mean cross-entropy of predicting ids[:, 1:] from ids[:, :-1], in nats per token."""
+        ids = self._check_ids(ids)
+        logits = self(ids[:, :-1])                            # (B, T-1, V)
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), ids[:, 1:].reshape(-1))
+
+    # ------------------------------------------------------------------ generation
+    @torch.no_grad()
+    def generate(self, ids, max_new_tokens: int, use_cache: bool = True, *, cache_cls=KVCache) -> Tensor:
+        """Greedy decoding: append the most likely next token ``max_new_tokens`` times.
+
+        Without the cache every step re-runs the whole sequence so far (T, T+1, T+2 ...
+        tokens); with it the prompt is run once (prefill) into one ``KVCache`` per layer
+        and each step runs only the newest token (decode), attending to the stored keys
+        and values. Both return the same tokens.
+
+        Args:
+            ids: (B, T) or (T,) prompt token ids.
+            max_new_tokens: how many tokens to append (T + max_new_tokens <= max_len).
+            use_cache: decode with a KV cache.
+            cache_cls: the cache class (e.g. ``Int8KVCache``).
+
+        Returns:
+            (B, T + max_new_tokens) ids: the prompt followed by the generated tokens.
+        """
+        ids = self._check_ids(ids)
+        B, T = ids.shape
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be a non-negative int, got {max_new_tokens!r}")
+        if T < 1:
+            raise ValueError(f"the prompt needs at least one token, got ids of shape {_shape(ids)}")
+        if T + max_new_tokens > self.config.max_len:
+            raise ValueError(f"prompt of {T} tokens + {max_new_tokens} new tokens = {T + max_new_tokens} "
+                             f"exceeds max_len={self.config.max_len}")
+        if max_new_tokens == 0:
+            return ids
+        if not use_cache:
+            for _ in range(max_new_tokens):
+                logits = self(ids)                                        # (B, T_so_far, V): all again
+                next_id = logits[:, -1].argmax(dim=-1, keepdim=True)      # (B, 1)
+                ids = torch.cat([ids, next_id], dim=1)
+            return ids
+        caches = self.new_caches(B, T + max_new_tokens, cache_cls=cache_cls)
+        logits = self(ids, caches=caches)                                 # prefill: (B, T, V)
+        for step in range(max_new_tokens):
+            next_id = logits[:, -1].argmax(dim=-1, keepdim=True)          # (B, 1)
+            ids = torch.cat([ids, next_id], dim=1)
+            if step < max_new_tokens - 1:
+                logits = self(next_id, caches=caches)                     # decode: (B, 1, V)
+        return ids
+
+    def complete(self, prompt: str, max_new_tokens: int, use_cache: bool = True) -> str:
+        """Text in, text out (needs ``self.tokenizer``): the prompt's greedy continuation."""
+        if self.tokenizer is None:
+            raise ValueError("this model has no tokenizer; load it with load_tiny_decoder()")
+        ids = self.generate(self.tokenizer.encode(prompt), max_new_tokens, use_cache=use_cache)
+        return self.tokenizer.decode(ids[0, len(prompt):])
+
+
+# --------------------------------------------------------------------------------------
+# MHA -> GQA / MQA
+# --------------------------------------------------------------------------------------
+def pool_kv_heads(weight: Tensor, n_heads: int, n_kv_heads: int) -> Tensor:
+    """Mean-pool the rows of a K or V projection over groups of consecutive heads.
+
+    Head j of the result is the mean of heads j*g .. (j+1)*g - 1 (g = n_heads / n_kv_heads),
+    the query heads that will share it (``repeat_interleave`` order).
+
+    Args:
+        weight: (n_heads * head_dim, d_in) weight, or (n_heads * head_dim,) bias.
+
+    Returns:
+        (n_kv_heads * head_dim, d_in), or (n_kv_heads * head_dim,).
+    """
+    if n_heads % n_kv_heads:
+        raise ValueError(f"n_heads={n_heads} is not a multiple of n_kv_heads={n_kv_heads}")
+    if weight.shape[0] % n_heads:
+        raise ValueError(f"weight of shape {_shape(weight)} does not split into n_heads={n_heads} heads")
+    g, head_dim = n_heads // n_kv_heads, weight.shape[0] // n_heads
+    heads = weight.reshape(n_kv_heads, g, head_dim, *weight.shape[1:])   # (h_kv, g, dk, d_in)
+    return heads.mean(dim=1).reshape(n_kv_heads * head_dim, *weight.shape[1:])
+
+
+@torch.no_grad()
+def to_gqa(model: TinyDecoder, n_kv_heads: int) -> TinyDecoder:
+    """A copy of ``model`` with ``n_kv_heads`` K/V heads, each the mean of its group's heads.
+
+    The recipe of Ainslie et al. (2023) for turning an MHA checkpoint into GQA (n_kv_heads
+    between 1 and h) or MQA (1); the paper then trains it a little more ("uptraining").
+    Query, output and MLP weights are copied unchanged.
+    """
+    c = model.config
+    if c.n_kv_heads != c.n_heads:
+        raise ValueError(f"to_gqa converts an MHA model (n_kv_heads = n_heads), this one has "
+                         f"n_kv_heads={c.n_kv_heads}, n_heads={c.n_heads}")
+    config = DecoderConfig.from_dict({**asdict(c), "n_kv_heads": n_kv_heads})
+    new = TinyDecoder(config).to(model.embed.weight.dtype)
+    state = dict(model.state_dict())
+    for i in range(c.n_layers):
+        for proj in ("k_proj", "v_proj"):
+            key = f"blocks.{i}.attn.{proj}.weight"
+            state[key] = pool_kv_heads(state[key], c.n_heads, n_kv_heads)
+    new.load_state_dict(state)
+    new.tokenizer = model.tokenizer
+    return new.eval()
+
+
+# --------------------------------------------------------------------------------------
+# The shipped model
+# --------------------------------------------------------------------------------------
+VAL_FRACTION = 0.1
+
+
+def load_text() -> str:
+    """The training text shipped with the package (Shakespeare, public domain)."""
+    return TEXT_FILE.read_text(encoding="utf-8")
+
+
+def split_text(text: str, val_fraction: float = VAL_FRACTION) -> tuple[str, str]:
+    """(train, held-out): the last ``val_fraction`` of the text is never trained on."""
+    cut = int(len(text) * (1 - val_fraction))
+    return text[:cut], text[cut:]
+
+
+@torch.no_grad()
+def evaluate(model: TinyDecoder, ids: Tensor, seq_len: int | None = None, n_windows: int = 8) -> dict:
+    """Next-token loss (nats per token) and accuracy on ``n_windows`` evenly spaced windows.
+
+    Args:
+        ids: (N,) token ids of a held-out text.
+        seq_len: tokens predicted per window (default: the model's max_len - 1).
+
+    Returns:
+        {"loss": mean cross-entropy, "accuracy": share of tokens whose argmax is right}.
+    """
+    seq_len = model.config.max_len - 1 if seq_len is None else seq_len
+    if ids.dim() != 1 or len(ids) < seq_len + 1:
+        raise ValueError(f"ids must be (N,) with N > seq_len={seq_len}, got {_shape(ids)}")
+    starts = torch.linspace(0, len(ids) - seq_len - 1, n_windows).long()
+    windows = torch.stack([ids[s:s + seq_len + 1] for s in starts.tolist()])   # (n, seq_len + 1)
+    logits = model(windows[:, :-1]).float()                                    # (n, seq_len, V)
+    targets = windows[:, 1:].to(logits.device)
+    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+    accuracy = (logits.argmax(-1) == targets).float().mean()
+    return {"loss": loss.item(), "accuracy": accuracy.item()}
+
+
+def load_tiny_decoder(weights: str | Path | None = None, config: str | Path | None = None,
+                      dtype: torch.dtype = torch.float32, device=None) -> TinyDecoder:
+    """Load the shipped character-level model, in eval mode, with ``.tokenizer`` and ``.info``.
+
+    The weights are a safetensors file (plain tensors, no pickled code); the config JSON
+    holds the shape, the vocabulary and the training record (``.info``).
+    """
+    from safetensors.torch import load_file
+
+    weights = Path(weights) if weights is not None else WEIGHTS_FILE
+    config = Path(config) if config is not None else CONFIG_FILE
+    for path in (weights, config):
+        if not path.exists():
+            raise FileNotFoundError(f"{path.name} not found; train it with `python -m selfattn_lite.train_tiny`")
+    info = json.loads(config.read_text(encoding="utf-8"))
+    model = TinyDecoder(DecoderConfig.from_dict(info["model"]))
+    state = load_file(str(weights))
+    if model.config.tie_embeddings:
+        state["lm_head.weight"] = state["embed.weight"]
+    model.load_state_dict({k: v.to(torch.float32) for k, v in state.items()})
+    model.tokenizer = CharTokenizer(info["vocab"])
+    model.info = info
+    return model.to(dtype=dtype, device=device).eval()
