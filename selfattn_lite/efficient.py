@@ -269,6 +269,9 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, *, is_causal: bool = False,
                          "with F.scaled_dot_product_attention, whose FlashAttention backward recomputes the tiles")
     block_q, block_k = _block_sizes(default_block_size(q.device) if block_size is None else block_size)
     L, S, E, Ev = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
+    if L == 0 or S == 0:
+        raise ValueError(f"flash_attention needs at least one query and one key, got q {tuple(q.shape)} "
+                         f"and k {tuple(k.shape)}")
     below, above = _band(L, S, is_causal, window)
     scale = 1.0 / math.sqrt(E) if scale is None else float(scale)
     compute = torch.float32 if q.dtype in HALF_DTYPES else q.dtype

@@ -281,6 +281,8 @@ def test_tiled_peak_memory_is_a_fraction_of_explicit():
     (lambda q, k, v: flash_attention(q, k, v, block_size=2.5), "2.5"),
     (lambda q, k, v: flash_attention(q, k.int(), v), "floating"),
     (lambda q, k, v: flash_attention(q[0], k, v), "dims"),
+    (lambda q, k, v: flash_attention(q[:, :0], k, v), "q (2, 0, 4)"),
+    (lambda q, k, v: flash_attention(q, k[:, :0], v[:, :0]), "k (2, 0, 4)"),
     (lambda q, k, v: sliding_window_attention(q, k, v, 0), "window"),
     (lambda q, k, v: linear_attention(q[:, :2], k, v, is_causal=True), "(2, 2, 4)"),
     (lambda q, k, v: linear_attention(q, k, v, is_causal=True, chunk_size=0), "chunk_size"),
