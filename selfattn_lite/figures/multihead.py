@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
-from matplotlib.patches import FancyArrowPatch, Rectangle
+from matplotlib.patches import Rectangle
+
+from ._draw import arrow
 
 __all__ = ["draw_split_concat", "FIGURES"]
 
@@ -23,7 +25,7 @@ def _strip(ax, x, y, width, height, colors, label=None):
 
 
 def _arrow(ax, start, end):
-    ax.add_patch(FancyArrowPatch(start, end, arrowstyle="-|>", mutation_scale=12, color="#333333"))
+    arrow(ax, start, end, size=12)
 
 
 def draw_split_concat() -> Figure:

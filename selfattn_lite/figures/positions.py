@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
-from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Rectangle
+from matplotlib.patches import FancyArrowPatch, Rectangle
+
+from ._draw import arrow, box
 
 __all__ = ["draw_where_positions_enter", "draw_rope_pairings", "FIGURES"]
 
@@ -16,13 +18,11 @@ PAIR_COLORS = [BLUE, ORANGE, GREEN, PURPLE]
 
 
 def _box(ax, x, y, text, color, w=1.9, h=0.7):
-    ax.add_patch(FancyBboxPatch((x - w / 2, y - h / 2), w, h, boxstyle="round,pad=0.05",
-                                facecolor=color, edgecolor="black", alpha=0.85))
-    ax.text(x, y, text, ha="center", va="center", fontsize=9.5)
+    box(ax, x, y, text, color, w=w, h=h, fontsize=9.5)
 
 
 def _arrow(ax, start, end, color="#333333"):
-    ax.add_patch(FancyArrowPatch(start, end, arrowstyle="-|>", mutation_scale=13, color=color))
+    arrow(ax, start, end, color=color, size=13)
 
 
 def _note(ax, x, y, text, color):

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
-from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 
 from ..viz.core import attention_heatmap
+from ._draw import BLUE, GREEN, GREY, ORANGE, PURPLE
+from ._draw import arrow as _arrow
+from ._draw import box as _box
 
 __all__ = ["CAT_SAT_TOKENS", "CAT_SAT_WEIGHTS", "draw_sdpa_dataflow", "draw_causal_cat_sat", "FIGURES"]
 
@@ -21,21 +23,6 @@ CAT_SAT_WEIGHTS = [
     [0.05, 0.20, 0.45, 0.30, 0.00],
     [0.05, 0.70, 0.10, 0.05, 0.10],
 ]
-
-# Okabe-Ito colour-blind-safe palette
-BLUE, ORANGE, GREEN, PURPLE, GREY = "#0072B2", "#E69F00", "#009E73", "#CC79A7", "#999999"
-
-
-def _box(ax, x, y, text, color, w=1.7, h=0.75):
-    ax.add_patch(FancyBboxPatch((x - w / 2, y - h / 2), w, h, boxstyle="round,pad=0.05",
-                                facecolor=color, edgecolor="black", alpha=0.85))
-    ax.text(x, y, text, ha="center", va="center", fontsize=10, color="black")
-
-
-def _arrow(ax, start, end, label=None):
-    ax.add_patch(FancyArrowPatch(start, end, arrowstyle="-|>", mutation_scale=14, color="#333333"))
-    if label:
-        ax.text((start[0] + end[0]) / 2 + 0.08, (start[1] + end[1]) / 2, label, fontsize=9, color="#333333")
 
 
 def draw_sdpa_dataflow() -> Figure:
