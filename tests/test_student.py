@@ -1,5 +1,6 @@
 """`make student` writes valid notebooks without solutions, and they run top to bottom."""
 
+import shutil
 from pathlib import Path
 
 import nbformat
@@ -17,9 +18,11 @@ def tags(cell):
 
 @pytest.fixture(scope="module")
 def student_dir(tmp_path_factory):
-    out = tmp_path_factory.mktemp("student")
-    build(ROOT / "notebooks", out)
-    return out
+    """student/ next to a copy of figures/, as `make student` lays them out in the repository."""
+    root = tmp_path_factory.mktemp("course")
+    shutil.copytree(ROOT / "figures", root / "figures")
+    build(ROOT / "notebooks", root / "student")
+    return root / "student"
 
 
 def test_every_notebook_has_exercises_with_solutions():
