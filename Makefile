@@ -13,6 +13,8 @@ PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 STAMP := $(VENV)/.selfattn-installed
 LAB_ARGS ?=
+# JupyterLab refuses to start as root (containers, CI boxes) unless told it may.
+ROOT_ARGS := $(if $(filter 0,$(shell id -u)),--allow-root)
 PYTEST_ARGS ?=
 # Idle OpenMP threads sleep instead of spinning: fair timings on a shared or busy CPU.
 export OMP_WAIT_POLICY ?= PASSIVE
@@ -29,7 +31,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 lab: install
-	$(VENV)/bin/jupyter lab --ServerApp.root_dir=. --LabApp.default_url=/lab/tree/notebooks $(LAB_ARGS)
+	$(VENV)/bin/jupyter lab --ServerApp.root_dir=. --LabApp.default_url=/lab/tree/notebooks $(ROOT_ARGS) $(LAB_ARGS)
 
 test: install
 	$(PY) -m ruff check .
