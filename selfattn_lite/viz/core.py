@@ -130,13 +130,16 @@ class HeatmapWidget:
 
         self.figure = Figure(figsize=figsize, dpi=dpi)
         FigureCanvasAgg(self.figure)
-        self.image = widgets.Image(format="png")
+        # shown at its own pixel size (not stretched to the cell), shrinking only on narrow screens
+        width = f"{round(figsize[0] * dpi)}px"
+        self.image = widgets.Image(format="png", layout=widgets.Layout(width=width, max_width="100%"))
         self.controls = list(controls)
         self.renders = 0
         self._background = None
         for control in self.controls:
             control.observe(self._on_change, names="value")
-        self.ui = widgets.VBox([widgets.HBox(self.controls), self.image])
+        controls = widgets.HBox(self.controls, layout=widgets.Layout(flex_flow="row wrap"))
+        self.ui = widgets.VBox([controls, self.image])
 
     def _on_change(self, change) -> None:
         self.update()
