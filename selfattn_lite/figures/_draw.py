@@ -2,10 +2,23 @@
 
 from __future__ import annotations
 
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 
 # Okabe-Ito colour-blind-safe palette
 BLUE, ORANGE, GREEN, PURPLE, GREY = "#0072B2", "#E69F00", "#009E73", "#CC79A7", "#999999"
+
+
+def diagram(figsize, xlim, ylim):
+    """A figure with one frameless axes spanning xlim x ylim, to draw boxes and arrows on."""
+    fig = Figure(figsize=figsize)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    ax.set_xlim(*xlim)
+    ax.set_ylim(*ylim)
+    ax.axis("off")
+    return fig, ax
 
 
 def box(ax, x, y, text, color, w=1.7, h=0.75, fontsize=10.0):

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
-from ._draw import arrow
+from ._draw import arrow, diagram
 
 __all__ = ["draw_split_concat", "FIGURES"]
 
@@ -31,12 +30,7 @@ def _arrow(ax, start, end):
 def draw_split_concat() -> Figure:
     """X (n x d) -> Q = X W_Q split into h blocks of d/h columns -> h attentions -> concat -> W_O."""
     h = len(HEAD_COLORS)
-    fig = Figure(figsize=(10.5, 3.6))
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
-    ax.set_xlim(0, 12.4)
-    ax.set_ylim(-0.3, 3.9)
-    ax.axis("off")
+    fig, ax = diagram((10.5, 3.6), (0, 12.4), (-0.3, 3.9))
     _strip(ax, 0.2, 1.0, 1.2, 1.6, [GREY], "X  (n x d)")
     _arrow(ax, (1.5, 1.8), (2.2, 1.8))
     _strip(ax, 2.3, 1.0, 1.6, 1.6, HEAD_COLORS, "Q, K, V = X W\n(n x d each)")

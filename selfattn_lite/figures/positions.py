@@ -3,11 +3,10 @@ the two ways RoPE pairs the dimensions of a head."""
 
 from __future__ import annotations
 
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import FancyArrowPatch, Rectangle
 
-from ._draw import arrow, box
+from ._draw import arrow, box, diagram
 
 __all__ = ["draw_where_positions_enter", "draw_rope_pairings", "FIGURES"]
 
@@ -32,12 +31,7 @@ def _note(ax, x, y, text, color):
 
 def draw_where_positions_enter() -> Figure:
     """token embedding -> (+ PE) -> q, k -> (rotate) -> scores -> (+ bias) -> softmax."""
-    fig = Figure(figsize=(11, 3.3))
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
-    ax.set_xlim(-0.4, 12.4)
-    ax.set_ylim(-0.2, 3.3)
-    ax.axis("off")
+    fig, ax = diagram((11, 3.3), (-0.4, 12.4), (-0.2, 3.3))
     y = 1.5
     _box(ax, 0.8, y, "token\nembedding", GREY, w=1.5)
     _box(ax, 3.1, y, "x_m = e + p_m", SKY, w=1.8)
@@ -74,12 +68,7 @@ def _link(ax, y, a, b, color, above):
 def draw_rope_pairings() -> Figure:
     """d = 8: half-split pairs (i, i + 4) versus interleaved pairs (2i, 2i + 1), coloured by pair i."""
     d, half = 8, 4
-    fig = Figure(figsize=(9, 3.6))
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
-    ax.set_xlim(-4.2, 9.2)
-    ax.set_ylim(-1.0, 4.6)
-    ax.axis("off")
+    fig, ax = diagram((9, 3.6), (-4.2, 9.2), (-1.0, 4.6))
     _dims(ax, 2.6, d, [PAIR_COLORS[j % half] for j in range(d)], "half-split\n(GPT-NeoX, HF Llama)")
     for i in range(half):
         _link(ax, 2.6, i, i + half, PAIR_COLORS[i], above=True)

@@ -7,7 +7,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from ..viz.core import attention_heatmap
-from ._draw import BLUE, GREEN, GREY, ORANGE, PURPLE
+from ._draw import BLUE, GREEN, GREY, ORANGE, PURPLE, diagram
 from ._draw import arrow as _arrow
 from ._draw import box as _box
 
@@ -27,12 +27,7 @@ CAT_SAT_WEIGHTS = [
 
 def draw_sdpa_dataflow() -> Figure:
     """X -> Q, K, V -> scores QK^T/sqrt(dk) -> + M, softmax -> weights @ V."""
-    fig = Figure(figsize=(10, 3.2))
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
-    ax.set_xlim(-0.3, 11.8)
-    ax.set_ylim(-0.4, 3.4)
-    ax.axis("off")
+    fig, ax = diagram((10, 3.2), (-0.3, 11.8), (-0.4, 3.4))
     _box(ax, 0.7, 1.5, "X\n(n x d)", GREY)
     for y, name, col in ((2.8, "Q = X Wq\n(n x dk)", BLUE), (1.5, "K = X Wk\n(n x dk)", BLUE),
                          (0.2, "V = X Wv\n(n x dv)", ORANGE)):
