@@ -14,6 +14,9 @@ SYLLABUS = [
     "01_scaled_dot_product_attention", "02_worked_numeric_example", "03_masks_and_cross_attention",
     "04_multi_head_attention", "05_positional_information", "06_kv_cache", "07_mqa_and_gqa",
     "08_efficient_attention", "09_common_pitfalls", "10_attention_in_the_wild",
+    # Part II
+    "11_backward_and_training", "12_context_extension", "13_serving_the_cache",
+    "14_attention_across_devices", "15_flashattention_in_triton",
 ]
 WIDGET = "application/vnd.jupyter.widget-view+json"
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
