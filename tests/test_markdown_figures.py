@@ -37,8 +37,8 @@ FIGURE = re.compile(
     rf"|(?<![\w.])(?P<speedup>{_NUM}(?:\s*(?:-|–)\s*{_NUM})?[x×])(?!\w)"                  # 3.2x, 5-9×
     rf"|(?<![\w.])(?P<times>{_NUM} times (?:faster|slower|quicker|as fast|more|less))")   # 3 times faster
 # A bound the cell asserts or a target it states: "under 100 ms", "< 3×", "at least 5×".
-BOUND = re.compile(r"(?:under|below|less than|at most|at least|within|more than|over|above|target(?: is)?:?"
-                   r"|<|>|≤|≥)\s*(?:\*\*)?$", re.IGNORECASE)
+BOUND = re.compile(r"(?:under|below|less\s+than|at\s+most|at\s+least|within|more\s+than|over|above"
+                   r"|target(?:\s+is)?:?|<|>|≤|≥)\s*(?:\*\*)?$", re.IGNORECASE)
 
 
 def measured_figures(markdown: str) -> list[str]:
@@ -93,6 +93,7 @@ def test_the_scan_catches_a_planted_measured_figure():
     "that is 2 × 32 × 32 × 128 × 2 bytes = **512 KiB per token**",  # a product and a derived constant
     "a 4 × 4 grid of patches, 8 heads, dk = 64, the 8:2:1 ratio",  # dimensions, not speed-ups
     "each notebook runs in well under 60 s",
+    "the cell asserts at\nleast 0.3 nats per character",          # a bound broken across lines
     "scaling q by 10 multiplies the scores by 10",
 ])
 def test_the_scan_lets_bounds_shapes_and_constants_through(text):

@@ -79,7 +79,7 @@ def test_last_code_cell_times_against_sdpa_and_asserts(path):
 
 
 # One entry of Further reading: "Authors (Year). Title. Venue or arXiv id."
-REFERENCE = re.compile(r"^- (?P<authors>[^()]+?) \((?P<year>(?:19|20)\d\d)\)\. (?P<title>.+?)\. (?P<venue>.+?)\.?$")
+REFERENCE = re.compile(r"^- (?P<authors>[^()]+?) \((?P<year>(?:19|20)\d\d)\)\. (?P<title>.+?)[.?!] (?P<venue>.+?)\.?$")
 
 
 def further_reading(nb):
@@ -108,6 +108,8 @@ def test_further_reading_lists_primary_sources_before_the_timing(path):
 def test_further_reading_format_is_checked():
     good = "- Vaswani, A., et al. (2017). Attention Is All You Need. NeurIPS 2017, arXiv:1706.03762."
     assert REFERENCE.match(good)
+    assert REFERENCE.match("- Brody, S., Alon, U., Yahav, E. (2022). How Attentive are Graph Attention Networks? "
+                           "ICLR 2022, arXiv:2105.14491.")
     for bad in ("- Attention Is All You Need (Vaswani, 2017)", "- Vaswani et al. 2017. Attention.",
                 "- Vaswani et al. (2017) Attention Is All You Need"):
         assert not REFERENCE.match(bad), bad
