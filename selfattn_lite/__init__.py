@@ -3,7 +3,7 @@
 Self-attention written out in plain PyTorch: a transparent twin of torch's APIs that
 also returns what torch hides (the attention weights), checked against torch in tests.
 
-Modules: attention, masks, multihead, positions, kv_cache, efficient, models, viz,
+Modules: attention, masks, multihead, positions, kv_cache, efficient, graphs, models, viz,
 explore, bench, exercises, figures. The main names are importable from here.
 """
 
@@ -28,6 +28,8 @@ _LAZY = {
     "TinyDecoder": "models",
     "load_tiny_decoder": "models",
     "flash_attention": "efficient",
+    "gat_attention": "graphs",
+    "GATLayer": "graphs",
 }
 
 __all__ = ["scaled_dot_product_attention", "causal_mask", "combine_masks", "padding_mask", "to_additive",

@@ -9,6 +9,9 @@ Each notebook compares what it taught against torch's fused
 
 Every row is checked against the reference output (``torch.testing.assert_close``)
 before any time is reported: a fast wrong answer is never printed.
+
+Unit: FLOPs count one multiply-add as 2 FLOPs (as torch's ``FlopCounterMode`` does); the
+GFLOP/s and TFLOP/s columns are FLOPs per second in that unit.
 """
 
 from __future__ import annotations
@@ -81,9 +84,10 @@ class BenchRow:
 
 
 def attention_flops(B: int, H: int, L: int, S: int, D: int, *, causal: bool = False) -> float:
-    """Forward FLOPs of attention: two matmuls (QK^T and PV) of 2*L*S*D each, per head.
+    """Forward FLOPs of attention: two matmuls (QK^T and PV) of L*S*D multiply-adds each, per head.
 
-    4 * B * H * L * S * D, halved when causal (about half the scores are skipped).
+    One multiply-add = 2 FLOPs, so 2 * L*S*D FLOPs per matmul and 4 * B * H * L * S * D in all,
+    halved when causal (a kernel that skips the masked blocks computes about half the scores).
     """
     flops = 4.0 * B * H * L * S * D
     return flops / 2 if causal else flops

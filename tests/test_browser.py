@@ -6,8 +6,12 @@ Debian's Chromium through Playwright, runs every cell from the Run menu, then cl
 the explorer's layer and head buttons and checks that the heatmap image the page shows
 changes, and that the page logged no JavaScript error.
 
-Needs: Chromium at /usr/bin/chromium (``apt-get install chromium``) and the ``playwright``
-Python package (no ``playwright install``: we launch the system Chromium). CI installs both.
+Needs the ``playwright`` Python package and a Chromium-family browser. ``find_browser`` looks,
+in order, at ``$SELFATTN_BROWSER`` (a path to the executable), ``chromium`` / ``chromium-browser`` /
+``google-chrome`` / ``google-chrome-stable`` on PATH, the macOS Chrome and Chromium apps, and
+Playwright's own browser cache. Where none is found the test runs ``python -m playwright install
+chromium`` once; where that fails too (offline) it skips with a message saying how to get one.
+``SELFATTN_REQUIRE_BROWSER=1`` (set by ``.ci/run``) turns that skip into a failure, so CI never skips it.
 """
 
 from __future__ import annotations
@@ -26,13 +30,20 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "10_attention_in_the_wild.ipynb"
-CHROMIUM = "/usr/bin/chromium"
+BROWSER_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+MACOS_APPS = ("/Applications/Google Chrome.app/Contents/MacOS/Google Chrome",
+              "/Applications/Chromium.app/Contents/MacOS/Chromium")
+INSTALL_S = 300          # `playwright install chromium`, when there is a network
+HOW_TO_GET_ONE = (
+    "no Chromium-family browser found for the browser test. Get one with any of: "
+    "`python -m playwright install chromium` (downloads Playwright's Chromium; needs network), "
+    "`sudo apt-get install chromium` (Debian/Ubuntu), `brew install --cask chromium` or Google Chrome (macOS); "
+    "or point SELFATTN_BROWSER at a Chrome/Chromium executable.")
 SERVER_START_S = 90      # JupyterLab up and answering
 RUN_ALL_S = 300          # the whole notebook executed in the browser's kernel
 REDRAW_S = 30            # one control change shows a new image
 SCREENSHOT = os.environ.get("SELFATTN_EXPLORER_SCREENSHOT")   # optional: save the explorer as seen
 
-pytestmark = pytest.mark.slow
 
 # Hashes the <img> the browser currently shows (its blob/data URL fetched back as bytes).
 IMAGE_DIGEST_JS = """async (img) => {
@@ -40,6 +51,65 @@ IMAGE_DIGEST_JS = """async (img) => {
     const digest = await crypto.subtle.digest("SHA-256", bytes);
     return [bytes.byteLength, Array.from(new Uint8Array(digest)).map(b => b.toString(16).padStart(2, "0")).join("")];
 }"""
+
+
+def _playwright_cache_browser() -> str | None:
+    """The Chromium in Playwright's own cache (``playwright install chromium``), if it is there."""
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        return None
+    with sync_playwright() as p:
+        path = p.chromium.executable_path
+    return path if path and Path(path).is_file() else None
+
+
+def find_browser(env: dict | None = None) -> str | None:
+    """The path of a Chromium-family browser, or None.
+
+    Looks at $SELFATTN_BROWSER, then chromium / chromium-browser / google-chrome(-stable) on PATH,
+    then the macOS apps, then Playwright's browser cache.
+    """
+    env = os.environ if env is None else env
+    named = env.get("SELFATTN_BROWSER")
+    if named:
+        found = shutil.which(named, path=env.get("PATH")) or (named if Path(named).is_file() else None)
+        if found is None:
+            raise FileNotFoundError(f"SELFATTN_BROWSER={named!r} is not an executable file")
+        return found
+    for name in BROWSER_NAMES:
+        found = shutil.which(name, path=env.get("PATH"))
+        if found:
+            return found
+    for app in MACOS_APPS:
+        if Path(app).is_file():
+            return app
+    return _playwright_cache_browser()
+
+
+def browser_or_skip() -> str:
+    """find_browser(), else try `playwright install chromium`, else skip (or fail under SELFATTN_REQUIRE_BROWSER)."""
+    required = bool(os.environ.get("SELFATTN_REQUIRE_BROWSER"))
+    try:
+        import playwright  # noqa: F401
+    except ImportError:
+        message = "the browser test needs the playwright package: `pip install playwright`"
+        if required:
+            pytest.fail(f"SELFATTN_REQUIRE_BROWSER is set and {message}", pytrace=False)
+        pytest.skip(message)
+    found = find_browser()
+    if found is None:
+        try:
+            subprocess.run([sys.executable, "-m", "playwright", "install", "chromium"], check=True,
+                           timeout=INSTALL_S, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        except (subprocess.SubprocessError, OSError):
+            pass
+        found = find_browser()
+    if found is None:
+        if required:
+            pytest.fail(f"SELFATTN_REQUIRE_BROWSER is set and {HOW_TO_GET_ONE}", pytrace=False)
+        pytest.skip(HOW_TO_GET_ONE)
+    return found
 
 
 def _free_port() -> int:
@@ -133,13 +203,19 @@ def _click_and_expect_new_image(page, control: str, before: tuple[int, str]) -> 
     raise AssertionError(f"the heatmap image did not change within {REDRAW_S} s after clicking {control} {label}")
 
 
-def test_explorer_in_jupyterlab(lab):
+@pytest.fixture
+def browser_path():
+    return browser_or_skip()
+
+
+@pytest.mark.slow
+def test_explorer_in_jupyterlab(browser_path, lab):
     from playwright.sync_api import sync_playwright
 
     base, token, name = lab
     errors: list[str] = []
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"], headless=True)
+        browser = p.chromium.launch(executable_path=browser_path, args=["--no-sandbox"], headless=True)
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
             page.on("pageerror", lambda error: errors.append(f"pageerror: {error}"))
@@ -188,3 +264,58 @@ def test_explorer_in_jupyterlab(lab):
         finally:
             browser.close()
     assert not errors, "the page logged JavaScript errors:\n" + "\n".join(errors)
+
+
+# Finding a browser: fake executables in a temporary folder stand in for real ones.
+
+def _fake_executable(folder: Path, name: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    path.write_text("#!/bin/sh\nexit 0\n")
+    path.chmod(0o755)
+    return path
+
+
+@pytest.fixture
+def nowhere(monkeypatch, tmp_path):
+    """No macOS app and an empty Playwright cache, whatever this machine has."""
+    monkeypatch.setattr(sys.modules[__name__], "MACOS_APPS", (str(tmp_path / "no.app"),))
+    monkeypatch.setenv("PLAYWRIGHT_BROWSERS_PATH", str(tmp_path / "empty-playwright-cache"))
+    return tmp_path
+
+
+@pytest.mark.parametrize("name", BROWSER_NAMES)
+def test_find_browser_on_path(nowhere, name):
+    fake = _fake_executable(nowhere / "bin", name)
+    assert find_browser({"PATH": str(nowhere / "bin")}) == str(fake)
+
+
+def test_find_browser_prefers_the_variable(nowhere):
+    _fake_executable(nowhere / "bin", "chromium")
+    named = _fake_executable(nowhere / "elsewhere", "my-chrome")
+    assert find_browser({"PATH": str(nowhere / "bin"), "SELFATTN_BROWSER": str(named)}) == str(named)
+    with pytest.raises(FileNotFoundError, match="SELFATTN_BROWSER"):
+        find_browser({"PATH": str(nowhere / "bin"), "SELFATTN_BROWSER": str(nowhere / "missing")})
+
+
+def test_find_browser_macos_app(nowhere, monkeypatch):
+    app = _fake_executable(nowhere / "Google Chrome.app" / "Contents" / "MacOS", "Google Chrome")
+    monkeypatch.setattr(sys.modules[__name__], "MACOS_APPS", (str(app),))
+    assert find_browser({"PATH": str(nowhere / "empty")}) == str(app)
+
+
+def test_find_browser_none(nowhere):
+    assert find_browser({"PATH": str(nowhere / "empty")}) is None
+
+
+def test_no_browser_skips_with_instructions_or_fails_in_ci(nowhere, monkeypatch):
+    """With no browser and no way to download one: skip saying how to get one; fail when CI requires it."""
+    monkeypatch.setenv("PATH", str(nowhere / "empty") + os.pathsep + str(Path(sys.executable).parent))
+    monkeypatch.delenv("SELFATTN_BROWSER", raising=False)
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: (_ for _ in ()).throw(OSError("offline")))
+    monkeypatch.delenv("SELFATTN_REQUIRE_BROWSER", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="playwright install chromium"):
+        browser_or_skip()
+    monkeypatch.setenv("SELFATTN_REQUIRE_BROWSER", "1")
+    with pytest.raises(pytest.fail.Exception, match="SELFATTN_REQUIRE_BROWSER is set"):
+        browser_or_skip()

@@ -137,92 +137,148 @@ def test_linear_attention_diagnoses(wrong, fragment):
     expect_error(nb08.check_linear_attention, wrong, fragment)
 
 
-# ----------------------------------------------------------------------------- nb09: merge_heads
+# ----------------------------------------------------------------------------- nb09: the fixed snippets
+# Each wrong answer below is the notebook's buggy snippet, or a plausible half-fix of it.
 
-def merge_heads_right(out):
-    B, h, T, dk = out.shape
-    return out.transpose(1, 2).reshape(B, T, h * dk)
+def decode_step_fixed(q_new, k_new, v_new, k_cache, v_cache, rope):
+    pos = k_cache.shape[-2] + torch.arange(q_new.shape[-2])
+    q_new, k_new = rope(q_new, pos), rope(k_new, pos)
+    k_all, v_all = torch.cat([k_cache, k_new], dim=-2), torch.cat([v_cache, v_new], dim=-2)
+    return F.scaled_dot_product_attention(q_new, k_all, v_all), k_all, v_all
 
 
-def test_merge_heads_right_and_not_attempted(capsys):
-    nb09.check_merge_heads(merge_heads_right)
+def decode_step_buggy(q_new, k_new, v_new, k_cache, v_cache, rope):
+    pos = torch.arange(q_new.shape[-2])                              # the bug: no offset
+    q_new, k_new = rope(q_new, pos), rope(k_new, pos)
+    k_all, v_all = torch.cat([k_cache, k_new], dim=-2), torch.cat([v_cache, v_new], dim=-2)
+    return F.scaled_dot_product_attention(q_new, k_all, v_all), k_all, v_all
+
+
+def decode_step_front(q_new, k_new, v_new, k_cache, v_cache, rope):
+    pos = k_cache.shape[-2] + torch.arange(q_new.shape[-2])
+    q_new, k_new = rope(q_new, pos), rope(k_new, pos)
+    k_all, v_all = torch.cat([k_new, k_cache], dim=-2), torch.cat([v_new, v_cache], dim=-2)
+    return F.scaled_dot_product_attention(q_new, k_all, v_all), k_all, v_all
+
+
+def decode_step_rotate_all(q_new, k_new, v_new, k_cache, v_cache, rope):
+    k_all, v_all = torch.cat([k_cache, k_new], dim=-2), torch.cat([v_cache, v_new], dim=-2)
+    pos = torch.arange(k_all.shape[-2])
+    k_all = rope(k_all, pos)                                         # rotates the cache a second time
+    q_new = rope(q_new, pos[-1:])
+    return F.scaled_dot_product_attention(q_new, k_all, v_all), k_all, v_all
+
+
+def decode_step_causal(q_new, k_new, v_new, k_cache, v_cache, rope):
+    pos = k_cache.shape[-2] + torch.arange(q_new.shape[-2])
+    q_new, k_new = rope(q_new, pos), rope(k_new, pos)
+    k_all, v_all = torch.cat([k_cache, k_new], dim=-2), torch.cat([v_cache, v_new], dim=-2)
+    return F.scaled_dot_product_attention(q_new, k_all, v_all, is_causal=True), k_all, v_all
+
+
+def test_decode_step_right_and_not_attempted(capsys):
+    nb09.check_decode_step(decode_step_fixed)
     assert capsys.readouterr().out.startswith("Correct")
-    nb09.check_merge_heads(stub)
+    nb09.check_decode_step(stub)
     assert capsys.readouterr().out.startswith("Not attempted")
 
 
 @pytest.mark.parametrize("wrong,fragment", [
-    (lambda out: out.transpose(1, 2).view(out.shape[0], out.shape[2], -1), "`.view` after `.transpose`"),
-    (lambda out: out.reshape(out.shape[0], out.shape[2], -1), "without transposing"),
-    (lambda out: out.permute(0, 2, 3, 1).reshape(out.shape[0], out.shape[2], -1), "(dk, h)"),
-    (lambda out: out.transpose(1, 2), "shape"),
-    (lambda out: merge_heads_right(out).flip(1), "row 1 of batch 0"),
+    (decode_step_buggy, "bug class: RoPE without the position offset"),
+    (decode_step_front, "bug class: cache order"),
+    (decode_step_rotate_all, "bug class: double rotation"),
+    (decode_step_causal, "bug class: is_causal=True with a cache"),
+    (lambda *a: decode_step_fixed(*a)[0], "three things"),
 ])
-def test_merge_heads_diagnoses(wrong, fragment):
-    expect_error(nb09.check_merge_heads, wrong, fragment)
+def test_decode_step_diagnoses(wrong, fragment):
+    expect_error(nb09.check_decode_step, wrong, fragment)
 
 
-# ----------------------------------------------------------------------------- nb09: decode_mask
+def gqa_fixed(q, k, v):
+    g = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
-def test_decode_mask_right_and_not_attempted(capsys):
-    nb09.check_decode_mask(lambda L, S: torch.ones(L, S, dtype=torch.bool).tril(diagonal=S - L))
+
+def gqa_buggy(q, k, v):
+    g = q.shape[1] // k.shape[1]
+    k, v = k.repeat(1, g, 1, 1), v.repeat(1, g, 1, 1)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def gqa_half_fixed(q, k, v):
+    g = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(g, dim=1), v.repeat(1, g, 1, 1)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+@pytest.mark.parametrize("right", [
+    gqa_fixed, lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)])
+def test_gqa_attention_right_and_not_attempted(right, capsys):
+    nb09.check_gqa_attention(right)
     assert capsys.readouterr().out.startswith("Correct")
-    nb09.check_decode_mask(stub)
+    nb09.check_gqa_attention(stub)
     assert capsys.readouterr().out.startswith("Not attempted")
 
 
 @pytest.mark.parametrize("wrong,fragment", [
-    (lambda L, S: torch.ones(L, S, dtype=torch.bool).tril(), "top-left"),
-    (lambda L, S: ~torch.ones(L, S, dtype=torch.bool).tril(diagonal=S - L), "polarity"),
-    (lambda L, S: torch.ones(L, S, dtype=torch.bool), "no key is masked"),
-    (lambda L, S: torch.ones(L, S).tril(diagonal=S - L), "bool"),
-    (lambda L, S: torch.ones(S, S, dtype=torch.bool).tril(), "shape"),
-    (lambda L, S: torch.ones(L, S, dtype=torch.bool).tril(diagonal=S - L - 1), "expected row 0"),
-    (lambda L, S: torch.ones(L, S, dtype=torch.bool).tril(diagonal=4) if (L, S) == (3, 7)
-     else torch.zeros(L, S, dtype=torch.bool), "L = 1"),
+    (gqa_buggy, "bug class: repeat instead of repeat_interleave"),
+    (gqa_half_fixed, "one of k and v"),
+    (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, enable_gqa=True), "bug class: lost causal mask"),
+    (lambda q, k, v: q, "differs from causal attention"),
+    (lambda q, k, v: gqa_fixed(q, k, v)[:, :2], "shape"),
 ])
-def test_decode_mask_diagnoses(wrong, fragment):
-    expect_error(nb09.check_decode_mask, wrong, fragment)
+def test_gqa_attention_diagnoses(wrong, fragment):
+    expect_error(nb09.check_gqa_attention, wrong, fragment)
 
 
-# ----------------------------------------------------------------------------- nb09: expand_kv
+def padded_fixed(mha, x, lengths):
+    keep = torch.arange(x.shape[1])[None, :] < lengths[:, None]     # (B, T) True = real token
+    return mha(x, x, x, key_padding_mask=~keep)[0]
 
-def test_expand_kv_right_and_not_attempted(capsys):
-    nb09.check_expand_kv(lambda k, n: k.repeat_interleave(n // k.shape[1], dim=1))
+
+def padded_buggy(mha, x, lengths):
+    keep = torch.arange(x.shape[1])[None, :] < lengths[:, None]
+    return mha(x, x, x, key_padding_mask=keep)[0]
+
+
+def test_padded_self_attention_right_and_not_attempted(capsys):
+    nb09.check_padded_self_attention(padded_fixed)
     assert capsys.readouterr().out.startswith("Correct")
-    nb09.check_expand_kv(stub)
+    nb09.check_padded_self_attention(stub)
     assert capsys.readouterr().out.startswith("Not attempted")
 
 
 @pytest.mark.parametrize("wrong,fragment", [
-    (lambda k, n: k.repeat(1, n // k.shape[1], 1, 1), "`.repeat` tiles"),
-    (lambda k, n: k.repeat_interleave(n // k.shape[1], dim=2), "shape"),
-    (lambda k, n: k.repeat_interleave(n // k.shape[1], dim=1).flip(1), "query heads 0, 1, 2"),
+    (padded_buggy, "bug class: mask polarity"),
+    (lambda mha, x, lengths: mha(x, x, x)[0], "bug class: no padding mask"),
+    (lambda mha, x, lengths: x, "each sequence run alone"),
 ])
-def test_expand_kv_diagnoses(wrong, fragment):
-    expect_error(nb09.check_expand_kv, wrong, fragment)
+def test_padded_self_attention_diagnoses(wrong, fragment):
+    expect_error(nb09.check_padded_self_attention, wrong, fragment)
 
 
-# ----------------------------------------------------------------------------- nb09: masked_weights
-
-def masked_right(scores, mask):
-    w = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
-    return w.masked_fill(~mask.any(-1, keepdim=True), 0.0)
+def step_fixed(q, k, v, dropout_p, training):
+    return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p if training else 0.0, is_causal=True)
 
 
-def test_masked_weights_right_and_not_attempted(capsys):
-    nb09.check_masked_weights(masked_right)
+def step_buggy(q, k, v, dropout_p, training):
+    return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
+
+
+def test_attention_step_right_and_not_attempted(capsys):
+    nb09.check_attention_step(step_fixed)
     assert capsys.readouterr().out.startswith("Correct")
-    nb09.check_masked_weights(stub)
+    nb09.check_attention_step(stub)
     assert capsys.readouterr().out.startswith("Not attempted")
 
 
 @pytest.mark.parametrize("wrong,fragment", [
-    (lambda s, m: torch.softmax(s.masked_fill(~m, float("-inf")), dim=-1), "NaN"),
-    (lambda s, m: torch.softmax(s.masked_fill(~m, torch.finfo(s.dtype).min), dim=-1), "uniform"),
-    (lambda s, m: masked_right(s, ~m), "polarity"),
-    (lambda s, m: masked_right(s, m).transpose(-1, -2).contiguous().transpose(-1, -2) * 0.5, "rows with allowed"),
-    (lambda s, m: masked_right(s, m)[..., :3], "shape"),
+    (step_buggy, "bug class: SDPA dropout in eval mode"),
+    (lambda q, k, v, p, training: F.scaled_dot_product_attention(q, k, v, is_causal=True), "dropout never applied"),
+    (lambda q, k, v, p, training: F.scaled_dot_product_attention(q, k, v, dropout_p=p if training else 0.0),
+     "bug class: lost causal mask"),
+    (lambda q, k, v, p, training: v, "plain causal attention"),
 ])
-def test_masked_weights_diagnoses(wrong, fragment):
-    expect_error(nb09.check_masked_weights, wrong, fragment)
+def test_attention_step_diagnoses(wrong, fragment):
+    expect_error(nb09.check_attention_step, wrong, fragment)

@@ -161,3 +161,45 @@ def rows_flipped(image, p):
 def test_patchify_checker_diagnoses(wrong, match):
     with pytest.raises(ExerciseError, match=match):
         nb10.check_patchify(wrong)
+
+
+# ----------------------------------------------------------------------------- preference (exercise 4)
+
+def good_preference(maps, query, a, b):
+    i = maps.tokens.index(query)
+    return maps.weights[:, :, i, maps.tokens.index(a)] - maps.weights[:, :, i, maps.tokens.index(b)]
+
+
+def scores_preference(maps, query, a, b):
+    from selfattn_lite import explore
+    return explore.token_scores(maps, query, a) - explore.token_scores(maps, query, b)
+
+
+@pytest.mark.parametrize("answer", [good_preference, scores_preference])
+def test_preference_checker_accepts(answer, capsys):
+    nb10.check_preference(answer)
+    assert capsys.readouterr().out.startswith("Correct")
+
+
+def test_preference_checker_not_attempted(capsys):
+    nb10.check_preference(stub)
+    assert capsys.readouterr().out.startswith("Not attempted")
+
+
+def _columns(maps, query, a, b):
+    i = maps.tokens.index(query)
+    return maps.weights[:, :, maps.tokens.index(a), i] - maps.weights[:, :, maps.tokens.index(b), i]
+
+
+@pytest.mark.parametrize("wrong, match", [
+    (lambda m, q, a, b: -good_preference(m, q, a, b), "sign is flipped"),
+    (_columns, "columns of 'it'"),
+    (lambda m, q, a, b: m.weights[:, :, m.tokens.index(q), m.tokens.index(a)], "only the weight on 'trophy'"),
+    (lambda m, q, a, b: good_preference(m, q, a, b).abs(), "no abs"),
+    (lambda m, q, a, b: good_preference(m, q, a, b).mean(-1), "do not average"),
+    (lambda m, q, a, b: good_preference(m, q, a, b) * 2, "expected weights"),
+    (lambda m, q, a, b: good_preference(m, q, a, b)[None], "shape"),
+])
+def test_preference_checker_diagnoses(wrong, match):
+    with pytest.raises(ExerciseError, match=match):
+        nb10.check_preference(wrong)

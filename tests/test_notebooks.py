@@ -4,6 +4,7 @@ nbval executes the notebooks and compares their outputs; these checks cover what
 the syllabus, the opening cell, a static figure next to every widget, the closing timing cell.
 """
 
+import re
 from pathlib import Path
 
 import nbformat
@@ -75,3 +76,40 @@ def test_last_code_cell_times_against_sdpa_and_asserts(path):
     last = code_cells(load(path))[-1]
     assert "bench." in last.source, f"{path.name}: the last cell should time with selfattn_lite.bench"
     assert "nbval-ignore-output" in last.metadata.get("tags", [])
+
+
+# One entry of Further reading: "Authors (Year). Title. Venue or arXiv id."
+REFERENCE = re.compile(r"^- (?P<authors>[^()]+?) \((?P<year>(?:19|20)\d\d)\)\. (?P<title>.+?)[.?!] (?P<venue>.+?)\.?$")
+
+
+def further_reading(nb):
+    """(index, cell) of the markdown cell starting '## Further reading', or (None, None)."""
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type == "markdown" and cell.source.startswith("## Further reading"):
+            return i, cell
+    return None, None
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_further_reading_lists_primary_sources_before_the_timing(path):
+    nb = load(path)
+    i, cell = further_reading(nb)
+    assert cell is not None, f"{path.name}: add a markdown cell starting '## Further reading'"
+    entries = [line for line in cell.source.splitlines() if line.startswith("- ")]
+    assert entries, f"{path.name}: Further reading lists no source ('- Authors (Year). Title. Venue.')"
+    for entry in entries:
+        assert REFERENCE.match(entry), f"{path.name}: write '- Authors (Year). Title. Venue or arXiv id.': {entry}"
+    code = [k for k, c in enumerate(nb.cells) if c.cell_type == "code" and c.source.strip()]
+    exercises = [k for k, c in enumerate(nb.cells) if {"exercise", "solution"} & set(c.metadata.get("tags", []))]
+    assert i < code[-1], f"{path.name}: Further reading goes before the closing timing cell"
+    assert not exercises or i > max(exercises), f"{path.name}: Further reading goes after the exercises"
+
+
+def test_further_reading_format_is_checked():
+    good = "- Vaswani, A., et al. (2017). Attention Is All You Need. NeurIPS 2017, arXiv:1706.03762."
+    assert REFERENCE.match(good)
+    assert REFERENCE.match("- Brody, S., Alon, U., Yahav, E. (2022). How Attentive are Graph Attention Networks? "
+                           "ICLR 2022, arXiv:2105.14491.")
+    for bad in ("- Attention Is All You Need (Vaswani, 2017)", "- Vaswani et al. 2017. Attention.",
+                "- Vaswani et al. (2017) Attention Is All You Need"):
+        assert not REFERENCE.match(bad), bad

@@ -1,110 +1,164 @@
-"""Checkers for notebook 09: fix four classic bugs (merging heads, the decoding mask, GQA
-expansion, fully masked rows)."""
+"""Checkers for notebook 09: find and fix the bug in four short, realistic snippets.
+
+Each checker runs the learner's fixed function on fresh inputs, compares it with a reference, and
+when it is still wrong names the *bug class* (the pitfall of the notebook it belongs to): a missing
+position offset, `repeat` for GQA, an inverted key-padding mask, dropout at inference...
+"""
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
+from torch import nn
 
+from ..positions import RotaryEmbedding
 from . import ExerciseError, NotAttempted, attempt, close, not_attempted, passed, require_tensor
 
-__all__ = ["check_merge_heads", "check_decode_mask", "check_expand_kv", "check_masked_weights"]
+__all__ = ["check_decode_step", "check_gqa_attention", "check_padded_self_attention", "check_attention_step"]
 
 
-def check_merge_heads(fn) -> None:
-    """``fn(out) -> (B, T, h * dk)`` for out (B, h, T, dk): token t's row holds every head's output for t."""
-    B, h, T, dk = 2, 3, 4, 5
-    out = torch.arange(B * h * T * dk, dtype=torch.float32).reshape(B, h, T, dk)
+def _bug(pitfall: str, message: str) -> ExerciseError:
+    return ExerciseError(f"bug class: {pitfall}. {message}")
+
+
+# ----------------------------------------------------------------------------- 1. decode step with RoPE
+
+def _decode_inputs(seed: int = 9, n_cached: int = 5, d: int = 8):
+    g = torch.Generator().manual_seed(seed)
+    rope = RotaryEmbedding(d)
+    q, k, v = (torch.randn(1, 2, n_cached + 1, d, generator=g) for _ in range(3))   # (B, h, T, d)
+    pos = torch.arange(n_cached + 1)
+    reference = F.scaled_dot_product_attention(rope(q, pos), rope(k, pos), v, is_causal=True)[..., -1:, :]
+    k_cache = rope(k[..., :-1, :], pos[:-1])                       # cached keys, rotated when they were new
+    return rope, q[..., -1:, :], k[..., -1:, :], v[..., -1:, :], k_cache, v[..., :-1, :], reference, pos
+
+
+def check_decode_step(fn) -> None:
+    """``fn(q_new, k_new, v_new, k_cache, v_cache, rope) -> (out, k_all, v_all)`` for one new token."""
+    rope, q_new, k_new, v_new, k_cache, v_cache, reference, pos = _decode_inputs()
     try:
-        got = attempt(fn, out.clone())
+        got = attempt(fn, q_new.clone(), k_new.clone(), v_new.clone(), k_cache.clone(), v_cache.clone(), rope)
     except NotAttempted:
-        return not_attempted("merge_heads")
-    except RuntimeError as err:
-        if "view" in str(err):
-            raise ExerciseError("`.view` after `.transpose` fails: the transposed tensor is not contiguous. "
-                                "Use `.reshape(...)` (or `.contiguous().view(...)`)") from None
-        raise
-    got = require_tensor("merge_heads(out)", got, (B, T, h * dk))
-    want = out.transpose(1, 2).reshape(B, T, h * dk)
-    if torch.equal(got, out.reshape(B, T, h * dk)):
-        raise ExerciseError("you reshaped without transposing: row t now holds pieces of other tokens. "
-                            "Bring the heads next to dk first: out.transpose(1, 2) -> (B, T, h, dk)")
-    if torch.equal(got, out.permute(0, 2, 3, 1).reshape(B, T, h * dk)):
-        raise ExerciseError("the features are ordered (dk, h): concatenate whole heads, head 0's dk values "
-                            "first: transpose(1, 2) -> (B, T, h, dk), then reshape")
-    if not torch.equal(got, want):
-        raise ExerciseError(f"row 1 of batch 0 should be {want[0, 1, :6].tolist()}...: token 1 of head 0, then "
-                            "token 1 of head 1, ...")
-    return passed("transpose(1, 2) then reshape: each row is one token, heads concatenated in order")
+        return not_attempted("decode_step")
+    if not (isinstance(got, tuple) and len(got) == 3):
+        raise ExerciseError("decode_step should return three things: (out, k_all, v_all)")
+    out, k_all, v_all = got
+    out = require_tensor("out", out, (1, 2, 1, 8))
+    k_all = require_tensor("k_all", k_all, (1, 2, 6, 8))
+    require_tensor("v_all", v_all, (1, 2, 6, 8))
+    if close(out, reference) and close(k_all, torch.cat([k_cache, rope(k_new, pos[-1:])], dim=-2)):
+        return passed("the new token is rotated at its true position, len(cache) + 0: cached decoding equals "
+                      "full recomputation")
+    at_zero = rope(k_new, torch.tensor([0]))
+    if close(k_all[..., -1:, :], at_zero) or close(k_all[..., :1, :], at_zero):
+        raise _bug("RoPE without the position offset (pitfall 9)",
+                   "the new key is rotated as if it were at position 0; its position is the number of cached "
+                   "tokens: positions = k_cache.shape[-2] + torch.arange(q_new.shape[-2])")
+    if close(k_all[..., :1, :], rope(k_new, pos[-1:])):
+        raise _bug("cache order", "the new key went in front of the cache: torch.cat([k_cache, k_new], dim=-2)")
+    if close(k_all[..., :-1, :], rope(k_cache, pos[:-1])):
+        raise _bug("double rotation", "the cached keys were rotated again: they were rotated when they were new; "
+                   "rotate only q_new and k_new")
+    if close(out, v_cache[..., :1, :]):
+        raise _bug("is_causal=True with a cache (pitfall 8)",
+                   "with is_causal=True torch aligns the mask top-left, so the single new query sees only key 0. "
+                   "One new token may see every cached key: no mask")
+    raise ExerciseError("the output differs from full causal attention over all 6 tokens: rotate q_new and k_new "
+                        "at position len(cache), append k and v to the cache, attend over all keys")
 
 
-def check_decode_mask(fn) -> None:
-    """``fn(L, S) -> (L, S) bool``: L new queries after S - L cached keys, True = may attend."""
+# ----------------------------------------------------------------------------- 2. GQA with repeat
+
+def check_gqa_attention(fn) -> None:
+    """``fn(q, k, v) -> out``: causal GQA, q (B, h, T, d), k and v (B, h_kv, T, d); head i reads kv head i // g."""
+    g = torch.Generator().manual_seed(11)
+    q = torch.randn(2, 6, 5, 4, generator=g)
+    k, v = torch.randn(2, 2, 5, 4, generator=g), torch.randn(2, 2, 5, 4, generator=g)
     try:
-        got = attempt(fn, 3, 7)
+        got = attempt(fn, q.clone(), k.clone(), v.clone())
     except NotAttempted:
-        return not_attempted("decode_mask")
-    got = require_tensor("decode_mask(3, 7)", got, (3, 7))
-    if got.dtype != torch.bool:
-        raise ExerciseError(f"return a bool mask (True = may attend), got dtype {got.dtype}")
-    want = torch.ones(3, 7, dtype=torch.bool).tril(diagonal=4)
-    top_left = torch.ones(3, 7, dtype=torch.bool).tril()
-    if torch.equal(got, top_left):
-        raise ExerciseError("that is the top-left causal mask (what is_causal=True builds): new query 0 sees only "
-                            "key 0. The new queries are the last L positions: query i sees keys 0 .. i + S - L")
-    if torch.equal(got, ~want) or torch.equal(got, ~top_left):
-        raise ExerciseError("polarity is flipped: True must mean 'may attend' (torch SDPA's convention)")
-    if got.all():
-        raise ExerciseError("no key is masked: new query 0 must not see the keys of new queries 1 and 2")
-    if not torch.equal(got, want):
-        raise ExerciseError(f"expected row 0 = {want[0].int().tolist()} (4 cached keys and itself); "
-                            f"yours is {got[0].int().tolist()}")
-    if not torch.equal(attempt(fn, 1, 5), torch.ones(1, 5, dtype=torch.bool)):
-        raise ExerciseError("a single new token (L = 1) must see every key: decode_mask(1, 5) should be all True")
-    return passed("a bottom-right causal mask: tril(diagonal = S - L)")
+        return not_attempted("gqa_attention")
+    got = require_tensor("gqa_attention(q, k, v)", got, (2, 6, 5, 4))
+    want = F.scaled_dot_product_attention(q, k.repeat_interleave(3, 1), v.repeat_interleave(3, 1), is_causal=True)
+    if close(got, want):
+        return passed("repeat_interleave(g, dim=1): query heads 0..g-1 read kv head 0, the grouping of enable_gqa")
+    if close(got, F.scaled_dot_product_attention(q, k.repeat(1, 3, 1, 1), v.repeat(1, 3, 1, 1), is_causal=True)):
+        raise _bug("repeat instead of repeat_interleave (pitfall 11)",
+                   "`.repeat` tiles the kv heads 0, 1, 0, 1, ...: query head 1 reads kv head 1. Use "
+                   "`.repeat_interleave(g, dim=1)` (or F.scaled_dot_product_attention(..., enable_gqa=True))")
+    mixed = [F.scaled_dot_product_attention(q, k.repeat_interleave(3, 1), v.repeat(1, 3, 1, 1), is_causal=True),
+             F.scaled_dot_product_attention(q, k.repeat(1, 3, 1, 1), v.repeat_interleave(3, 1), is_causal=True)]
+    if any(close(got, m) for m in mixed):
+        raise _bug("repeat instead of repeat_interleave (pitfall 11)",
+                   "you fixed one of k and v but not the other: both must use repeat_interleave")
+    if close(got, F.scaled_dot_product_attention(q, k.repeat_interleave(3, 1), v.repeat_interleave(3, 1))):
+        raise _bug("lost causal mask", "the grouping is right but the causal mask is gone: keep is_causal=True")
+    raise ExerciseError("the output differs from causal attention where query head i reads kv head i // g")
 
 
-def check_expand_kv(fn) -> None:
-    """``fn(k, n_heads) -> (B, n_heads, S, d)`` for k (B, h_kv, S, d): query heads j*g..(j+1)*g-1 share kv head j."""
-    k = torch.arange(2 * 2 * 3 * 4, dtype=torch.float32).reshape(2, 2, 3, 4)   # h_kv = 2
+# ----------------------------------------------------------------------------- 3. key padding mask polarity
+
+def _padded_reference(mha: nn.MultiheadAttention, x: torch.Tensor, lengths: torch.Tensor) -> list[torch.Tensor]:
+    """Each sequence run alone on its real tokens: what the real rows must equal."""
+    with torch.no_grad():
+        return [mha(x[b:b + 1, :n], x[b:b + 1, :n], x[b:b + 1, :n])[0][0] for b, n in enumerate(lengths.tolist())]
+
+
+def check_padded_self_attention(fn) -> None:
+    """``fn(mha, x, lengths) -> (B, T, d)``: no query attends to padding (nn.MultiheadAttention, batch_first)."""
+    torch.manual_seed(0)
+    mha = nn.MultiheadAttention(8, 2, batch_first=True).eval()
+    g = torch.Generator().manual_seed(12)
+    x = torch.randn(3, 6, 8, generator=g)
+    lengths = torch.tensor([6, 4, 2])
     try:
-        got = attempt(fn, k.clone(), 6)
+        with torch.no_grad():
+            got = attempt(fn, mha, x.clone(), lengths.clone())
     except NotAttempted:
-        return not_attempted("expand_kv")
-    got = require_tensor("expand_kv(k, 6)", got, (2, 6, 3, 4))
-    if torch.equal(got, k.repeat(1, 3, 1, 1)):
-        raise ExerciseError("`.repeat` tiles the heads as kv0, kv1, kv0, kv1, ...: query head 1 gets kv head 1. "
-                            "Use `.repeat_interleave(g, dim=1)` for kv0, kv0, kv0, kv1, ...")
-    want = k.repeat_interleave(3, dim=1)
-    if not torch.equal(got, want):
-        raise ExerciseError("query heads 0, 1, 2 must all read kv head 0, heads 3, 4, 5 kv head 1 "
-                            "(repeat_interleave along dim 1)")
-    return passed("repeat_interleave(n_heads // h_kv, dim=1), the grouping SDPA's enable_gqa uses")
+        return not_attempted("padded_self_attention")
+    got = require_tensor("padded_self_attention(mha, x, lengths)", got, (3, 6, 8))
+    want = _padded_reference(mha, x, lengths)
+    if all(close(got[b, :n], want[b], atol=1e-5) for b, n in enumerate(lengths.tolist())):
+        return passed("nn.MultiheadAttention reads key_padding_mask as True = ignore: pass ~keep (the real "
+                      "tokens' rows equal each sequence run alone)")
+    keep = torch.arange(6)[None, :] < lengths[:, None]
+    with torch.no_grad():
+        inverted = mha(x, x, x, key_padding_mask=keep)[0]
+        unmasked = mha(x, x, x)[0]
+    if close(got[1, :4], inverted[1, :4], atol=1e-5):
+        raise _bug("mask polarity (pitfall 3)", "nn.MultiheadAttention reads a boolean key_padding_mask as "
+                   "True = ignore, the opposite of F.scaled_dot_product_attention: your mask hides the real tokens "
+                   "and keeps the padding. Pass ~keep")
+    if close(got[1, :4], unmasked[1, :4], atol=1e-5):
+        raise _bug("no padding mask", "the real tokens still attend to the padding: pass key_padding_mask")
+    raise ExerciseError("the real tokens' outputs should equal each sequence run alone without its padding")
 
 
-def check_masked_weights(fn) -> None:
-    """``fn(scores, mask) -> weights``: softmax over keys, True = may attend, zeros on rows with no key."""
-    g = torch.Generator().manual_seed(9)
-    scores = torch.randn(2, 3, 4, generator=g)
-    mask = torch.rand(2, 3, 4, generator=g) > 0.3
-    mask[..., 0] = True
-    mask[1, 2] = False                                       # one query with no key at all
+# ----------------------------------------------------------------------------- 4. dropout at inference
+
+def check_attention_step(fn) -> None:
+    """``fn(q, k, v, dropout_p, training) -> out``: causal SDPA with dropout only while training."""
+    g = torch.Generator().manual_seed(13)
+    q, k, v = (torch.randn(1, 2, 6, 4, generator=g) for _ in range(3))
     try:
-        got = attempt(fn, scores.clone(), mask.clone())
+        first = attempt(fn, q, k, v, 0.5, False)
     except NotAttempted:
-        return not_attempted("masked_weights")
-    got = require_tensor("masked_weights(scores, mask)", got, scores.shape)
-    want = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1).nan_to_num(0.0)
-    if torch.isnan(got).any():
-        raise ExerciseError("NaN in the fully masked row: softmax of all -inf is 0/0. Zero the rows where "
-                            "mask.any(dim=-1) is False after the softmax")
-    flipped = torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1).nan_to_num(0.0)
-    if close(got[0], flipped[0]):
-        raise ExerciseError("polarity is flipped: True means 'may attend', so fill -inf where the mask is False")
-    if close(got[1, 2], torch.full((4,), 0.25)):
-        raise ExerciseError("the fully masked row is uniform (1/4 each): a large finite negative keeps softmax "
-                            "finite but attends to keys that are all forbidden. Set that row's weights to 0")
-    if not close(got[0], want[0]) or not close(got[1, :2], want[1, :2]):
-        raise ExerciseError("rows with allowed keys should be softmax over the keys (dim=-1) of the masked scores")
-    if not close(got[1, 2], torch.zeros(4)):
-        raise ExerciseError("the row with no allowed key should be all zeros")
-    return passed("masked softmax with zero weights (not NaN) where a query has no key")
+        return not_attempted("attention_step")
+    first = require_tensor("attention_step(q, k, v, 0.5, training=False)", first, (1, 2, 6, 4))
+    second = fn(q, k, v, 0.5, False)
+    want = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    if not torch.equal(first, second):
+        raise _bug("SDPA dropout in eval mode (pitfall 7)",
+                   "two calls with training=False differ: F.scaled_dot_product_attention is a function and "
+                   "knows nothing about .eval(); pass dropout_p=dropout_p if training else 0.0")
+    if close(first, F.scaled_dot_product_attention(q, k, v)):
+        raise _bug("lost causal mask", "dropout is gated, but the causal mask is gone: keep is_causal=True")
+    if not close(first, want):
+        raise ExerciseError("with training=False the output should be plain causal attention")
+    with torch.random.fork_rng():                                  # the learner's RNG state is left as it was
+        torch.manual_seed(0)
+        trained = fn(q, k, v, 0.5, True)
+    if close(trained, want):
+        raise _bug("dropout never applied", "with training=True the weights must be dropped (dropout_p=0.5): "
+                   "gate dropout on training, do not remove it")
+    return passed("dropout_p=dropout_p if training else 0.0: deterministic at inference, dropout while training")

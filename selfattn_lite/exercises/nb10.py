@@ -1,4 +1,4 @@
-"""Checkers for notebook 10: a previous-token score, a graph attention mask, ViT patches."""
+"""Checkers for notebook 10: a previous-token score, a graph attention mask, ViT patches, a pronoun's preference."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import torch
 
 from . import ExerciseError, NotAttempted, attempt, close, not_attempted, passed, require_tensor
 
-__all__ = ["check_previous_token_score", "check_graph_mask", "check_patchify"]
+__all__ = ["check_previous_token_score", "check_graph_mask", "check_patchify", "check_preference"]
 
 
 def _reference_previous(weights: torch.Tensor) -> torch.Tensor:
@@ -121,3 +121,37 @@ def check_patchify(fn) -> None:
         raise ExerciseError("the patches differ from the reference: patch k = image[:, r*p:(r+1)*p, c*p:(c+1)*p] "
                             "with k = r * (W/p) + c, flattened")
     return passed("ViT patches: row-major, each flattened channels-first to C*p*p numbers")
+
+
+def check_preference(fn) -> None:
+    """``fn(maps, query, a, b) -> (n_layers, n_heads)``: w[query -> a] - w[query -> b] in every head."""
+    from ..explore import AttentionMaps, token_index
+
+    tokens = ["[CLS]", "the", "trophy", "did", "not", "fit", "suitcase", "it", "big", "[SEP]"]
+    gen = torch.Generator().manual_seed(14)
+    weights = torch.softmax(2 * torch.randn(2, 3, 10, 10, generator=gen), dim=-1)
+    maps = AttentionMaps(tokens, weights)
+    i, a, b = token_index(tokens, "it"), token_index(tokens, "trophy"), token_index(tokens, "suitcase")
+    try:
+        got = attempt(fn, maps, "it", "trophy", "suitcase")
+    except NotAttempted:
+        return not_attempted("preference")
+    want = weights[:, :, i, a] - weights[:, :, i, b]
+    if isinstance(got, torch.Tensor) and got.dim() == 1 and got.shape[0] in (2, 3):
+        raise ExerciseError(f"you returned shape {tuple(got.shape)}: keep one number per head, (n_layers, n_heads) "
+                            "= (2, 3); do not average over heads or layers")
+    got = require_tensor("preference(maps, 'it', 'trophy', 'suitcase')", got, (2, 3))
+    if close(got, -want):
+        raise ExerciseError("the sign is flipped: return w[it -> trophy] - w[it -> suitcase], positive when 'it' "
+                            "looks more at 'trophy'")
+    if close(got, weights[:, :, a, i] - weights[:, :, b, i]):
+        raise ExerciseError("you read the columns of 'it' (how much 'trophy' looks at 'it'): rows are queries, "
+                            "so take row 'it' and columns 'trophy' and 'suitcase': weights[:, :, it, key]")
+    if close(got, weights[:, :, i, a]):
+        raise ExerciseError("that is only the weight on 'trophy': subtract the weight on 'suitcase'")
+    if close(got, want.abs()) and not close(got, want):
+        raise ExerciseError("keep the sign (no abs): the sign says which noun 'it' prefers")
+    if not close(got, want):
+        raise ExerciseError("expected weights[:, :, i, j_a] - weights[:, :, i, j_b] with i, j_a, j_b the positions "
+                            "of the query and the two keys (explore.token_index or explore.token_scores)")
+    return passed("w[query -> a] - w[query -> b] in every head: positive where the query prefers a")
