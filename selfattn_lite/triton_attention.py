@@ -243,6 +243,10 @@ def _precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"    # fp32 exact (no TF32); half inputs ignore it
 
 
+def _upcast(dtype: torch.dtype) -> bool:
+    return interpreting() and dtype == torch.bfloat16     # see triton_kernels.dot
+
+
 def _launch_options(device: torch.device, config: dict | None) -> dict:
     if device.type != "cuda" or interpreting() or config is None:
         return {}
@@ -279,7 +283,7 @@ def forward(q: Tensor, k: Tensor, v: Tensor, *, is_causal: bool = False, scale: 
     grid = program_grid(B, H, L, block_m)
     kernels.attn_fwd_kernel[grid](q3, k3, v3, out, lse2, L, S, D, scale * LOG2_E,
                                   IS_CAUSAL=bool(is_causal), BLOCK_M=block_m, BLOCK_N=block_n,
-                                  BLOCK_D=max(16, 1 << (D - 1).bit_length()), PRECISION=_precision(q.dtype),
+                                  BLOCK_D=max(16, 1 << (D - 1).bit_length()), PRECISION=_precision(q.dtype), UPCAST=_upcast(q.dtype),
                                   **_launch_options(q.device, config))
     return out.reshape(B, H, L, D), (lse2 * math.log(2.0)).reshape(B, H, L)
 
@@ -316,7 +320,7 @@ def backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tens
     lse2 = (lse.reshape(B * H, L).float() * LOG2_E).contiguous()             # (N, L) base 2, as the kernels use
     dq, dk, dv = torch.empty_like(q3), torch.empty_like(k3), torch.empty_like(v3)
     common = dict(IS_CAUSAL=bool(is_causal), BLOCK_M=block_m, BLOCK_N=block_n,
-                  BLOCK_D=max(16, 1 << (D - 1).bit_length()), PRECISION=_precision(q.dtype),
+                  BLOCK_D=max(16, 1 << (D - 1).bit_length()), PRECISION=_precision(q.dtype), UPCAST=_upcast(q.dtype),
                   **_launch_options(q.device, config))
     kernels.attn_bwd_dkdv_kernel[(math.ceil(S / block_n), B * H)](
         q3, k3, v3, do3, lse2, delta, dk, dv, L, S, D, scale * LOG2_E, scale, **common)

@@ -27,7 +27,7 @@ if not torch.cuda.is_available():                      # no GPU: run the kernels
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-__all__ = ["attn_fwd_kernel", "attn_fwd_inner", "attn_bwd_dkdv_kernel", "attn_bwd_dq_kernel", "interpreting"]
+__all__ = ["dot", "attn_fwd_kernel", "attn_fwd_inner", "attn_bwd_dkdv_kernel", "attn_bwd_dq_kernel", "interpreting"]
 
 
 def interpreting() -> bool:
@@ -36,8 +36,23 @@ def interpreting() -> bool:
 
 
 @triton.jit
+def dot(a, b, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """a @ b accumulated in float32 (``tl.dot``), a (M, K) and b (K, N) blocks.
+
+    UPCAST is set under the interpreter for bfloat16 inputs: numpy has no bfloat16, the interpreter
+    stores it as uint16 and has no bfloat16 arithmetic (its ``tl.dot`` multiplies the bit patterns,
+    triton-lang/triton#11584). Converting to float32 first is exact for the products (a bfloat16 x
+    bfloat16 product fits in float32), so the result is what the GPU's tensor cores compute, up to
+    the order of the additions. On a GPU UPCAST is False and the dot runs in bfloat16.
+    """
+    if UPCAST:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    return tl.dot(a, b, input_precision=PRECISION)
+
+
+@triton.jit
 def attn_fwd_inner(acc, l_i, m_i, q, K_ptr, V_ptr, k_start, k_end, offs_m, offs_n, offs_d, S, D, qk_scale,
-                   MASK: tl.constexpr, IS_CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
+                   MASK: tl.constexpr, IS_CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """One query block's walk over the key blocks k_start, k_start + BLOCK_N, ... < k_end.
 
     The online softmax: m_i (BLOCK_M,) running max, l_i (BLOCK_M,) running sum, acc (BLOCK_M, BLOCK_D)
@@ -49,7 +64,7 @@ def attn_fwd_inner(acc, l_i, m_i, q, K_ptr, V_ptr, k_start, k_end, offs_m, offs_
         kv_mask = (offs_k[:, None] < S) & (offs_d[None, :] < D)
         k = tl.load(K_ptr + offs_k[:, None] * D + offs_d[None, :], mask=kv_mask, other=0.0)   # (BLOCK_N, BLOCK_D)
         v = tl.load(V_ptr + offs_k[:, None] * D + offs_d[None, :], mask=kv_mask, other=0.0)   # (BLOCK_N, BLOCK_D)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale          # (BLOCK_M, BLOCK_N), base 2
+        s = dot(q, tl.trans(k), PRECISION, UPCAST) * qk_scale          # (BLOCK_M, BLOCK_N), base 2
         if MASK:
             keep = offs_k[None, :] < S
             if IS_CAUSAL:
@@ -59,7 +74,7 @@ def attn_fwd_inner(acc, l_i, m_i, q, K_ptr, V_ptr, k_start, k_end, offs_m, offs_
         alpha = tl.exp2(m_i - m_new)                                               # rescales the old sums
         p = tl.exp2(s - m_new[:, None])                                            # (BLOCK_M, BLOCK_N)
         l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        acc = acc * alpha[:, None] + dot(p.to(v.dtype), v, PRECISION, UPCAST)
         m_i = m_new
     return acc, l_i, m_i
 
@@ -67,7 +82,7 @@ def attn_fwd_inner(acc, l_i, m_i, q, K_ptr, V_ptr, k_start, k_end, offs_m, offs_
 @triton.jit
 def attn_fwd_kernel(Q, K, V, O, LSE2, L, S, D, qk_scale,
                     IS_CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
+                    BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """Program (start_m, n): queries start_m * BLOCK_M ... + BLOCK_M - 1 of (batch, head) n.
 
     Q (N, L, D), K and V (N, S, D), O (N, L, D), LSE2 (N, L) float32, base 2.
@@ -96,9 +111,9 @@ def attn_fwd_kernel(Q, K, V, O, LSE2, L, S, D, qk_scale,
         k_end = S
         unmasked_end = (S // BLOCK_N) * BLOCK_N                   # full blocks; the tail block needs the mask
     acc, l_i, m_i = attn_fwd_inner(acc, l_i, m_i, q, K_ptr, V_ptr, 0, unmasked_end, offs_m, offs_n, offs_d,
-                                   S, D, qk_scale, False, IS_CAUSAL, BLOCK_N, PRECISION)      # stage 1
+                                   S, D, qk_scale, False, IS_CAUSAL, BLOCK_N, PRECISION, UPCAST)      # stage 1
     acc, l_i, m_i = attn_fwd_inner(acc, l_i, m_i, q, K_ptr, V_ptr, unmasked_end, k_end, offs_m, offs_n, offs_d,
-                                   S, D, qk_scale, True, IS_CAUSAL, BLOCK_N, PRECISION)       # stage 2
+                                   S, D, qk_scale, True, IS_CAUSAL, BLOCK_N, PRECISION, UPCAST)       # stage 2
 
     out = acc / l_i[:, None]                                      # every row saw key 0, so l_i > 0
     tl.store(O + n * L * D + offs_m[:, None] * D + offs_d[None, :], out.to(O.dtype.element_ty), mask=q_mask)
@@ -108,7 +123,7 @@ def attn_fwd_kernel(Q, K, V, O, LSE2, L, S, D, qk_scale,
 @triton.jit
 def attn_bwd_dkdv_kernel(Q, K, V, DO, LSE2, DELTA, DK, DV, L, S, D, qk_scale, scale,
                          IS_CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                         BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
+                         BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """Program (start_n, n): dK and dV of keys start_n * BLOCK_N ... + BLOCK_N - 1 of (batch, head) n.
 
     Walks over the query blocks, recomputing each tile of probabilities from the saved LSE2
@@ -140,15 +155,15 @@ def attn_bwd_dkdv_kernel(Q, K, V, DO, LSE2, DELTA, DK, DV, L, S, D, qk_scale, sc
         do = tl.load(DO + q_offsets, mask=q_mask, other=0.0)      # (BLOCK_M, BLOCK_D)
         lse2 = tl.load(LSE2 + n * L + offs_m, mask=offs_m < L, other=0.0)    # (BLOCK_M,)
         delta = tl.load(DELTA + n * L + offs_m, mask=offs_m < L, other=0.0)  # (BLOCK_M,)
-        sT = tl.dot(k, tl.trans(q), input_precision=PRECISION) * qk_scale   # (BLOCK_N, BLOCK_M) scores, transposed
+        sT = dot(k, tl.trans(q), PRECISION, UPCAST) * qk_scale   # (BLOCK_N, BLOCK_M) scores, transposed
         keep = (offs_k[:, None] < S) & (offs_m[None, :] < L)
         if IS_CAUSAL:
             keep = keep & (offs_k[:, None] <= offs_m[None, :])
         pT = tl.where(keep, tl.exp2(sT - lse2[None, :]), 0.0)    # (BLOCK_N, BLOCK_M) probabilities P^T
-        dv += tl.dot(pT.to(do.dtype), do, input_precision=PRECISION)
-        dpT = tl.dot(v, tl.trans(do), input_precision=PRECISION)             # (BLOCK_N, BLOCK_M) dP^T
+        dv += dot(pT.to(do.dtype), do, PRECISION, UPCAST)
+        dpT = dot(v, tl.trans(do), PRECISION, UPCAST)             # (BLOCK_N, BLOCK_M) dP^T
         dsT = pT * (dpT - delta[None, :])                                   # (BLOCK_N, BLOCK_M) dS^T
-        dk += tl.dot(dsT.to(q.dtype), q, input_precision=PRECISION)
+        dk += dot(dsT.to(q.dtype), q, PRECISION, UPCAST)
     tl.store(DK + kv_offsets, (dk * scale).to(DK.dtype.element_ty), mask=kv_mask)
     tl.store(DV + kv_offsets, dv.to(DV.dtype.element_ty), mask=kv_mask)
 
@@ -156,7 +171,7 @@ def attn_bwd_dkdv_kernel(Q, K, V, DO, LSE2, DELTA, DK, DV, L, S, D, qk_scale, sc
 @triton.jit
 def attn_bwd_dq_kernel(Q, K, V, DO, LSE2, DELTA, DQ, L, S, D, qk_scale, scale,
                        IS_CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                       BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
+                       BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """Program (start_m, n): dQ of queries start_m * BLOCK_M ... + BLOCK_M - 1 of (batch, head) n.
 
     Walks over the key blocks like the forward pass (causal: ending after the block's last query),
@@ -185,12 +200,12 @@ def attn_bwd_dq_kernel(Q, K, V, DO, LSE2, DELTA, DQ, L, S, D, qk_scale, scale,
         kv_offsets = n * S * D + offs_k[:, None] * D + offs_d[None, :]
         k = tl.load(K + kv_offsets, mask=kv_mask, other=0.0)      # (BLOCK_N, BLOCK_D)
         v = tl.load(V + kv_offsets, mask=kv_mask, other=0.0)      # (BLOCK_N, BLOCK_D)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale    # (BLOCK_M, BLOCK_N)
+        s = dot(q, tl.trans(k), PRECISION, UPCAST) * qk_scale    # (BLOCK_M, BLOCK_N)
         keep = (offs_k[None, :] < S) & (offs_m[:, None] < L)
         if IS_CAUSAL:
             keep = keep & (offs_k[None, :] <= offs_m[:, None])
         p = tl.where(keep, tl.exp2(s - lse2[:, None]), 0.0)      # (BLOCK_M, BLOCK_N)
-        dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)  # (BLOCK_M, BLOCK_N)
+        dp = dot(do, tl.trans(v), PRECISION, UPCAST)  # (BLOCK_M, BLOCK_N)
         ds = p * (dp - delta[:, None])
-        dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
+        dq += dot(ds.to(k.dtype), k, PRECISION, UPCAST)
     tl.store(DQ + q_offsets, (dq * scale).to(DQ.dtype.element_ty), mask=q_mask)
