@@ -19,7 +19,7 @@ from selfattn_lite import triton_attention as ta
 
 needs_triton = pytest.mark.skipif(not ta.available(), reason="Triton is not installed (Linux-only extra `triton`): "
                                   "pip install -e '.[triton]' to run the kernel tests")
-FEW = settings(max_examples=25, deadline=None)
+FEW = settings(max_examples=15, deadline=None)
 
 
 def qkv(B, H, L, S, D, *, dtype=torch.float32, seed=0):
