@@ -243,6 +243,10 @@ def _precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"    # fp32 exact (no TF32); half inputs ignore it
 
 
+def _block_d(D: int) -> int:
+    return max(16, 1 << (D - 1).bit_length())            # tl.arange needs a power of 2: pad D, mask the rest
+
+
 def _upcast(dtype: torch.dtype) -> bool:
     return interpreting() and dtype == torch.bfloat16     # see triton_kernels.dot
 
@@ -283,7 +287,7 @@ def forward(q: Tensor, k: Tensor, v: Tensor, *, is_causal: bool = False, scale: 
     grid = program_grid(B, H, L, block_m)
     kernels.attn_fwd_kernel[grid](q3, k3, v3, out, lse2, L, S, D, scale * LOG2_E,
                                   IS_CAUSAL=bool(is_causal), BLOCK_M=block_m, BLOCK_N=block_n,
-                                  BLOCK_D=max(16, 1 << (D - 1).bit_length()), PRECISION=_precision(q.dtype), UPCAST=_upcast(q.dtype),
+                                  BLOCK_D=_block_d(D), PRECISION=_precision(q.dtype), UPCAST=_upcast(q.dtype),
                                   **_launch_options(q.device, config))
     return out.reshape(B, H, L, D), (lse2 * math.log(2.0)).reshape(B, H, L)
 
@@ -320,7 +324,7 @@ def backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tens
     lse2 = (lse.reshape(B * H, L).float() * LOG2_E).contiguous()             # (N, L) base 2, as the kernels use
     dq, dk, dv = torch.empty_like(q3), torch.empty_like(k3), torch.empty_like(v3)
     common = dict(IS_CAUSAL=bool(is_causal), BLOCK_M=block_m, BLOCK_N=block_n,
-                  BLOCK_D=max(16, 1 << (D - 1).bit_length()), PRECISION=_precision(q.dtype), UPCAST=_upcast(q.dtype),
+                  BLOCK_D=_block_d(D), PRECISION=_precision(q.dtype), UPCAST=_upcast(q.dtype),
                   **_launch_options(q.device, config))
     kernels.attn_bwd_dkdv_kernel[(math.ceil(S / block_n), B * H)](
         q3, k3, v3, do3, lse2, delta, dk, dv, L, S, D, scale * LOG2_E, scale, **common)
@@ -392,7 +396,7 @@ def _tuned(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, scale: float) -> tu
     """The fastest forward and backward configurations for this shape, timed once and cached."""
     from . import bench
 
-    key = (q.shape[2], k.shape[2], q.shape[3], q.dtype, is_causal, torch.cuda.get_device_name(q.device))
+    key = (q.shape[2], k.shape[2], q.shape[3], q.dtype, is_causal, bench.device_name(q.device))
     if key not in _TUNED:
         with torch.no_grad():
             fwd_time = {}
@@ -418,65 +422,65 @@ def _tuned(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, scale: float) -> tu
     return _TUNED[key]
 
 
-def benchmark(device: torch.device | str = "cuda", *, B: int = 1, H: int = 16, ns=(1024, 2048, 4096),
-              head_dims=(64, 128), dtype: torch.dtype = torch.bfloat16, budget_s: float = 0.5) -> list[dict]:
-    """Time the Triton kernel against torch SDPA, forward and forward + backward, causal and not.
-
-    For the GPU report (``make gpu-report``); the issue's goal is n = 4096, h = 16, d = 128, bf16:
-    forward within 2x of SDPA's time, backward within 3x. Each row is checked against SDPA (outputs
-    and, for fwd+bwd, the gradients, within bf16 tolerance) before it is timed.
-
-    Returns:
-        JSON-able records: n, H, D, causal, pass ("fwd" or "fwd+bwd"), impl, ms, tflops,
-        peak_share (None when the device's peak is unknown), ratio_vs_sdpa, device, dtype.
-    """
+def _sdpa(q: Tensor, k: Tensor, v: Tensor, *, is_causal: bool = False) -> Tensor:
     import torch.nn.functional as F
 
+    return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
+
+
+def _fwd_bwd(fn, q: Tensor, k: Tensor, v: Tensor, d_out: Tensor, is_causal: bool) -> tuple[Tensor, ...]:
+    """One training step of attention: fn's output, then dq, dk, dv for the upstream gradient d_out."""
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    out = fn(q, k, v, is_causal=is_causal)
+    out.backward(d_out)
+    return out, q.grad, k.grad, v.grad
+
+
+def benchmark(device: torch.device | str = "cuda", *, B: int = 1, H: int = 16, ns=(1024, 2048, 4096),
+              head_dims=(64, 128), dtype: torch.dtype = torch.bfloat16, budget_s: float = 0.5) -> list[dict]:
+    """Time the Triton kernels against torch SDPA, forward and forward + backward, causal and not.
+
+    For the GPU report (``make gpu-report``). The goal at n = 4096, h = 16, d = 128, bf16: the forward
+    within 2x of SDPA's time, forward + backward within 3x. Every configuration is checked first: the
+    output (and, for fwd+bwd, dq, dk, dv) must agree with SDPA's within bf16 tolerance. FLOPs: the forward
+    counts ``bench.attention_flops``; forward + backward 3.5x that (the backward has five matmuls to the
+    forward's two: 2.5x), the convention of FlashAttention's papers.
+
+    Returns:
+        JSON-able records, one per (D, n, causal, pass, impl): n, B, H, D, causal, pass ("fwd" or
+        "fwd+bwd"), impl ("torch SDPA" or "triton flash_attention"), ms, tflops, peak_share (None when
+        the device's peak is unknown), ratio_vs_sdpa, device, dtype.
+    """
     from . import bench
 
     _require_triton()
     device = torch.device(device)
     peak = bench.peak_tflops(device, dtype)
-    records = []
+    impls = {"torch SDPA": _sdpa, "triton flash_attention": flash_attention}
     gen = torch.Generator(device="cpu").manual_seed(0)
+    records = []
     for D in head_dims:
         for n in ns:
-            q, k, v = (torch.randn(B, H, n, D, generator=gen).to(device=device, dtype=dtype) for _ in range(3))
-            do = torch.randn(B, H, n, D, generator=gen).to(device=device, dtype=dtype)
+            q, k, v, d_out = (torch.randn(B, H, n, D, generator=gen).to(device=device, dtype=dtype) for _ in range(4))
             for causal in (False, True):
-                impls = {"torch SDPA": lambda c=causal, **kw: F.scaled_dot_product_attention(**kw, is_causal=c),
-                         "triton flash_attention": lambda c=causal, **kw: flash_attention(**kw, is_causal=c)}
-                flops_fwd = bench.attention_flops(B, H, n, n, D, causal=causal)
-                for pass_, flops in (("fwd", flops_fwd), ("fwd+bwd", 3.5 * flops_fwd)):   # bwd = 2.5 x fwd
-                    times = {}
-                    outs = {}
-                    for name, fn in impls.items():
-                        if pass_ == "fwd":
-                            def call(fn=fn):
-                                with torch.no_grad():
-                                    return fn(query=q, key=k, value=v) if name == "torch SDPA" else \
-                                        fn(q=q, k=k, v=v)
-                        else:
-                            qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
-
-                            def call(fn=fn, qg=qg, kg=kg, vg=vg, name=name):
-                                for t in (qg, kg, vg):
-                                    t.grad = None
-                                out = fn(query=qg, key=kg, value=vg) if name == "torch SDPA" else fn(q=qg, k=kg, v=vg)
-                                out.backward(do)
-                                return out, qg.grad, kg.grad, vg.grad
-                        outs[name] = call()
-                        times[name] = bench.time_fn(call, device=device, budget_s=budget_s)
-                    ref, got = outs["torch SDPA"], outs["triton flash_attention"]
-                    for a, b in zip(ref if isinstance(ref, tuple) else (ref,), got if isinstance(got, tuple) else (got,)):
-                        torch.testing.assert_close(b.float(), a.float(), atol=3e-2, rtol=3e-2)
+                flops = bench.attention_flops(B, H, n, n, D, causal=causal)
+                calls = {}
+                for name, fn in impls.items():
+                    calls[("fwd", name)] = lambda fn=fn: fn(q, k, v, is_causal=causal)
+                    calls[("fwd+bwd", name)] = lambda fn=fn: _fwd_bwd(fn, q, k, v, d_out, causal)
+                for pass_ in ("fwd", "fwd+bwd"):
+                    with torch.set_grad_enabled(pass_ == "fwd+bwd"):
+                        want, got = calls[(pass_, "torch SDPA")](), calls[(pass_, "triton flash_attention")]()
+                        for w, g in zip(want if pass_ == "fwd+bwd" else (want,), got if pass_ == "fwd+bwd" else (got,)):
+                            torch.testing.assert_close(g.float(), w.float(), atol=3e-2, rtol=3e-2)
+                        seconds = {name: bench.time_fn(calls[(pass_, name)], device=device, budget_s=budget_s)
+                                   for name in impls}
+                    work = flops if pass_ == "fwd" else 3.5 * flops
                     for name in impls:
-                        tflops = flops / times[name] / 1e12
-                        records.append(dict(n=n, H=H, D=D, B=B, causal=causal, pass_=pass_, impl=name,
-                                            ms=1e3 * times[name], tflops=tflops,
-                                            peak_share=None if peak is None else tflops / peak,
-                                            ratio_vs_sdpa=times[name] / times["torch SDPA"],
-                                            device=bench.device_name(device), dtype=str(dtype).replace("torch.", "")))
-    for r in records:
-        r["pass"] = r.pop("pass_")
+                        tflops = work / seconds[name] / 1e12
+                        records.append(dict(n=n, B=B, H=H, D=D, causal=causal, impl=name, ms=1e3 * seconds[name],
+                                            tflops=tflops, peak_share=None if peak is None else tflops / peak,
+                                            ratio_vs_sdpa=seconds[name] / seconds["torch SDPA"],
+                                            device=bench.device_name(device),
+                                            dtype=str(dtype).replace("torch.", ""), **{"pass": pass_}))
     return records

@@ -52,7 +52,8 @@ def dot(a, b, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
 
 @triton.jit
 def attn_fwd_inner(acc, l_i, m_i, q, K_ptr, V_ptr, k_start, k_end, offs_m, offs_n, offs_d, S, D, qk_scale,
-                   MASK: tl.constexpr, IS_CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+                   MASK: tl.constexpr, IS_CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+                   UPCAST: tl.constexpr):
     """One query block's walk over the key blocks k_start, k_start + BLOCK_N, ... < k_end.
 
     The online softmax: m_i (BLOCK_M,) running max, l_i (BLOCK_M,) running sum, acc (BLOCK_M, BLOCK_D)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .. import triton_attention as ta   # first: it sets TRITON_INTERPRET=1 without CUDA, before triton loads
+from .. import triton_attention as ta  # first: it sets TRITON_INTERPRET=1 without CUDA, before triton loads
 from . import ExerciseError, NotAttempted, attempt, close, not_attempted, passed
 
 if ta.available():
@@ -158,7 +158,8 @@ def check_causal_bounds(fn) -> None:
                                 f"all masked. Stop at min(S, q0 + block_m) = {want_end}")
         if end < want_end:
             raise ExerciseError(f"end = {end} at {where} stops before the last key a query of this block sees "
-                                f"(query {q0 + bm - 1} sees keys up to {min(S, q0 + bm) - 1}): end = min(S, q0 + block_m)")
+                                f"(query {q0 + bm - 1} sees keys up to {min(S, q0 + bm) - 1}): "
+                                "end = min(S, q0 + block_m)")
         if end != want_end:
             raise ExerciseError(f"end = {end} at {where}, expected min(S, q0 + block_m) = {want_end}")
         if unmasked_end % bn:

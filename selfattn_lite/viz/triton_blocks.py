@@ -67,7 +67,8 @@ class TritonBlockWidget(HeatmapWidget):
         names = ["Q", "K and V", "O + lse", "kernel total", "explicit"]
         mib = [t["q"], t["kv"], t["o"], t["total"], t["explicit"]]
         mib = [b / 2**20 for b in mib]
-        bars = ax_bytes.barh(names[::-1], mib[::-1], color=["#D55E00", "#0072B2", "#999999", "#56B4E9", "#E69F00"][::-1])
+        colors = ["#D55E00", "#0072B2", "#999999", "#56B4E9", "#E69F00"]
+        bars = ax_bytes.barh(names[::-1], mib[::-1], color=colors[::-1])
         for bar, value in zip(bars, mib[::-1]):
             ax_bytes.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, f" {value:,.0f}", va="center",
                           fontsize=8)
