@@ -107,3 +107,9 @@ def test_causal_bounds_mistakes_are_named(fn, message):
 def test_causal_bounds_stub_is_not_attempted(capsys):
     check.check_causal_bounds(stub)
     assert "Not attempted yet" in capsys.readouterr().out
+
+
+def test_online_update_says_when_triton_is_missing(monkeypatch, capsys):
+    monkeypatch.setattr(ta, "available", lambda: False)
+    check.check_online_update(lambda m_i, l_i, acc, s, v: (m_i, l_i, acc))
+    assert "Triton is not installed" in capsys.readouterr().out
