@@ -54,6 +54,7 @@ __all__ = [
     "CUDA_FWD_CONFIGS",
     "CUDA_BWD_CONFIGS",
     "benchmark",
+    "summarize",
 ]
 
 UNAVAILABLE = ("Triton is not installed: it ships for Linux only (pip install -e '.[triton]'). "
@@ -484,3 +485,53 @@ def benchmark(device: torch.device | str = "cuda", *, B: int = 1, H: int = 16, n
                                             device=bench.device_name(device),
                                             dtype=str(dtype).replace("torch.", ""), **{"pass": pass_}))
     return records
+
+
+def summarize(records: list[dict], *, n: int = 4096, D: int = 128) -> dict:
+    """The performance goal read off ``benchmark`` records, per mask, at n and D.
+
+    forward_ratio = Triton's forward time / SDPA's (goal <= 2); backward_ratio = Triton's backward time /
+    SDPA's (goal <= 3), each backward time being (fwd+bwd) - fwd; and each one's share of peak on the
+    forward + backward FLOPs (None on an unknown device).
+    """
+    def ms(causal, pass_, impl):
+        for r in records:
+            if (r["n"], r["D"], r["causal"], r["pass"], r["impl"]) == (n, D, causal, pass_, impl):
+                return r
+        raise ValueError(f"no record for n={n}, D={D}, causal={causal}, pass={pass_}, impl={impl}")
+
+    out = {}
+    for causal in (False, True):
+        ours = {p: ms(causal, p, "triton flash_attention") for p in ("fwd", "fwd+bwd")}
+        sdpa = {p: ms(causal, p, "torch SDPA") for p in ("fwd", "fwd+bwd")}
+        fwd_ratio = ours["fwd"]["ms"] / sdpa["fwd"]["ms"]
+        bwd_ratio = (ours["fwd+bwd"]["ms"] - ours["fwd"]["ms"]) / (sdpa["fwd+bwd"]["ms"] - sdpa["fwd"]["ms"])
+        out["causal" if causal else "full"] = dict(
+            forward_ratio=fwd_ratio, backward_ratio=bwd_ratio, forward_goal_met=fwd_ratio <= 2.0,
+            backward_goal_met=bwd_ratio <= 3.0, triton_peak_share=ours["fwd+bwd"]["peak_share"],
+            sdpa_peak_share=sdpa["fwd+bwd"]["peak_share"], triton_fwd_tflops=ours["fwd"]["tflops"],
+            sdpa_fwd_tflops=sdpa["fwd"]["tflops"])
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m selfattn_lite.triton_attention --out figures/gpu/triton_attention.json`` (CUDA only)."""
+    import argparse
+    import json
+    from pathlib import Path
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--out", default="figures/gpu/triton_attention.json")
+    parser.add_argument("--budget-s", type=float, default=0.3)
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("the Triton benchmark needs a CUDA GPU (on CPU the interpreter checks correctness only)")
+    records = benchmark("cuda", budget_s=args.budget_s)
+    result = dict(records=records, goal=summarize(records), fwd_configs=CUDA_FWD_CONFIGS, bwd_configs=CUDA_BWD_CONFIGS)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=1))
+    print(json.dumps(result["goal"], indent=1))
+
+
+if __name__ == "__main__":
+    main()

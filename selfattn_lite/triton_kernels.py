@@ -46,8 +46,10 @@ def dot(a, b, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     the order of the additions. On a GPU UPCAST is False and the dot runs in bfloat16.
     """
     if UPCAST:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
-    return tl.dot(a, b, input_precision=PRECISION)
+        out = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    else:
+        out = tl.dot(a, b, input_precision=PRECISION)
+    return out
 
 
 @triton.jit

@@ -257,3 +257,18 @@ def test_benchmark_records_for_the_gpu_report():
         "torch SDPA", "triton flash_attention"}
     assert all(r["peak_share"] is None and r["ms"] > 0 for r in records)   # CPUs have no peak in bench
     json.dumps(records)
+    assert set(ta.summarize(records, n=24, D=16)) == {"full", "causal"}
+
+
+def test_summarize_reads_the_goal_off_the_records():
+    records = []
+    for causal in (False, True):
+        for pass_, sdpa_ms, ours_ms in (("fwd", 2.0, 3.0), ("fwd+bwd", 7.0, 15.0)):   # bwd: 5 ms vs 12 ms
+            for impl, t in (("torch SDPA", sdpa_ms), ("triton flash_attention", ours_ms)):
+                records.append(dict(n=4096, D=128, causal=causal, impl=impl, ms=t, tflops=1.0, peak_share=None,
+                                    **{"pass": pass_}))
+    goal = ta.summarize(records)
+    assert goal["full"]["forward_ratio"] == 1.5 and goal["full"]["forward_goal_met"]
+    assert goal["causal"]["backward_ratio"] == 12 / 5 and goal["causal"]["backward_goal_met"]
+    with pytest.raises(ValueError, match="no record"):
+        ta.summarize(records, n=1024)
