@@ -27,11 +27,7 @@ from torch import Tensor
 if not torch.cuda.is_available():                       # before anything imports triton (see the docstring)
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-HAVE_TRITON = importlib.util.find_spec("triton") is not None
-if HAVE_TRITON:
-    from . import triton_kernels as kernels
-else:                                                   # macOS, Windows: no Triton wheel
-    kernels = None
+HAVE_TRITON = importlib.util.find_spec("triton") is not None   # False on macOS, Windows: no Triton wheel
 
 __all__ = [
     "HAVE_TRITON",
@@ -93,6 +89,15 @@ def interpreting() -> bool:
 def _require_triton() -> None:
     if not HAVE_TRITON:
         raise ImportError(UNAVAILABLE)
+
+
+def _kernels():
+    """``selfattn_lite.triton_kernels``, imported on first launch (importing Triton takes a moment, and the
+    widget and figures that import this module need none of it)."""
+    _require_triton()
+    from . import triton_kernels
+
+    return triton_kernels
 
 
 def default_blocks(device: torch.device | str = "cpu") -> tuple[int, int]:
@@ -286,7 +291,7 @@ def forward(q: Tensor, k: Tensor, v: Tensor, *, is_causal: bool = False, scale: 
     out = torch.empty_like(q3)                                                     # (N, L, D)
     lse2 = torch.empty(B * H, L, dtype=torch.float32, device=q.device)             # (N, L), base 2
     grid = program_grid(B, H, L, block_m)
-    kernels.attn_fwd_kernel[grid](q3, k3, v3, out, lse2, L, S, D, scale * LOG2_E,
+    _kernels().attn_fwd_kernel[grid](q3, k3, v3, out, lse2, L, S, D, scale * LOG2_E,
                                   IS_CAUSAL=bool(is_causal), BLOCK_M=block_m, BLOCK_N=block_n,
                                   BLOCK_D=_block_d(D), PRECISION=_precision(q.dtype), UPCAST=_upcast(q.dtype),
                                   **_launch_options(q.device, config))
@@ -327,9 +332,9 @@ def backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tens
     common = dict(IS_CAUSAL=bool(is_causal), BLOCK_M=block_m, BLOCK_N=block_n,
                   BLOCK_D=_block_d(D), PRECISION=_precision(q.dtype), UPCAST=_upcast(q.dtype),
                   **_launch_options(q.device, config))
-    kernels.attn_bwd_dkdv_kernel[(math.ceil(S / block_n), B * H)](
+    _kernels().attn_bwd_dkdv_kernel[(math.ceil(S / block_n), B * H)](
         q3, k3, v3, do3, lse2, delta, dk, dv, L, S, D, scale * LOG2_E, scale, **common)
-    kernels.attn_bwd_dq_kernel[(math.ceil(L / block_m), B * H)](
+    _kernels().attn_bwd_dq_kernel[(math.ceil(L / block_m), B * H)](
         q3, k3, v3, do3, lse2, delta, dq, L, S, D, scale * LOG2_E, scale, **common)
     return dq.reshape(B, H, L, D), dk.reshape(B, H, S, D), dv.reshape(B, H, S, D)
 
