@@ -18,3 +18,21 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.section("notebook execution time (all cells, incl. kernel start)")
         for path, seconds in sorted(_NOTEBOOK_SECONDS.items()):
             terminalreporter.write_line(f"{seconds:7.1f} s  {path}")
+
+
+# ---- notebook 15 needs Triton (a Linux-only extra): elsewhere its committed outputs cannot be reproduced ----
+TRITON_NOTEBOOK = "15_flashattention_in_triton.ipynb"
+
+
+def pytest_collection_modifyitems(config, items):
+    import importlib.util
+
+    import pytest
+
+    if importlib.util.find_spec("triton") is not None:
+        return
+    skip = pytest.mark.skip(reason=f"{TRITON_NOTEBOOK}'s committed outputs come from a run with Triton, which is not "
+                                   "installed here (Linux-only extra: pip install -e '.[triton]'); CI runs it")
+    for item in items:
+        if item.nodeid.split("::")[0].endswith(TRITON_NOTEBOOK):
+            item.add_marker(skip)

@@ -1,0 +1,176 @@
+"""Checkers for notebook 15: the online-softmax update inside a Triton kernel, and the causal loop bounds.
+
+``check_online_update`` runs the learner's update inside a small Triton kernel (under the
+interpreter on a CPU, compiled on a GPU), so it needs Triton; where Triton is not installed it says
+so and returns. ``check_causal_bounds`` is plain Python.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .. import triton_attention as ta  # first: it sets TRITON_INTERPRET=1 without CUDA, before triton loads
+from . import ExerciseError, NotAttempted, attempt, close, not_attempted, passed
+
+if ta.available():
+    import triton
+    import triton.language as tl
+
+__all__ = ["check_online_update", "check_causal_bounds"]
+
+BLOCK_M, BLOCK_N, D = 16, 16, 16
+
+
+def _kernel_source(S_ptr, V_ptr, O_ptr, n_keys, UPDATE: tl.constexpr, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr, D: tl.constexpr):
+    """One program: BLOCK_M rows of scores (BLOCK_M, n_keys) read BLOCK_N keys at a time; the running
+    (m, l, acc) go through UPDATE; writes acc / l. Turned into a kernel by ``triton.jit`` on first use."""
+    rows = tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
+    d = tl.arange(0, D)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
+    for k0 in range(0, n_keys, BLOCK_N):
+        keys = k0 + cols
+        s = tl.load(S_ptr + rows[:, None] * n_keys + keys[None, :], mask=keys[None, :] < n_keys, other=float("-inf"))
+        v = tl.load(V_ptr + keys[:, None] * D + d[None, :], mask=keys[:, None] < n_keys, other=0.0)
+        m_i, l_i, acc = UPDATE(m_i, l_i, acc, s, v)
+    tl.store(O_ptr + rows[:, None] * D + d[None, :], acc / l_i[:, None])
+
+
+_KERNEL = None
+
+
+def _run_update(fn, s: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """acc / l after streaming scores s (BLOCK_M, n) and values v (n, D) through ``fn`` in a kernel."""
+    global _KERNEL
+    if _KERNEL is None:
+        _KERNEL = triton.jit(_kernel_source)
+    device = "cpu" if ta.interpreting() else "cuda"
+    s, v = s.to(device).contiguous(), v.to(device).contiguous()
+    out = torch.empty(BLOCK_M, D, device=device)
+    with np.errstate(all="ignore"):         # a wrong update may overflow: the checker says so, numpy need not
+            _KERNEL[(1,)](s, v, out, s.shape[1], UPDATE=triton.jit(fn), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, D=D)
+    return out.cpu()
+
+
+def _stream(s: torch.Tensor, v: torch.Tensor, *, rescale_acc=True, rescale_l=True, flip=False) -> torch.Tensor:
+    """The same loop in torch, with the mistakes a learner may make switched on."""
+    m = torch.full((s.shape[0],), float("-inf"))
+    l, acc = torch.zeros(s.shape[0]), torch.zeros(s.shape[0], v.shape[1])
+    for k0 in range(0, s.shape[1], BLOCK_N):
+        blk, v_blk = s[:, k0:k0 + BLOCK_N], v[k0:k0 + BLOCK_N]
+        m_new = torch.maximum(m, blk.amax(1))
+        alpha = torch.exp(m_new - m) if flip else torch.exp(m - m_new)
+        p = torch.exp(blk - m_new[:, None])
+        l = l * alpha + p.sum(1) if rescale_l else l + p.sum(1)
+        acc = acc * alpha[:, None] + p @ v_blk if rescale_acc else acc + p @ v_blk
+        m = m_new
+    return acc / l[:, None]
+
+
+def _is_stub(fn) -> bool:
+    """A stub raises NotImplementedError on its first line, before it touches its arguments."""
+    try:
+        attempt(fn, None, None, None, None, None)
+    except NotAttempted:
+        return True
+    except Exception:          # a real update fails on None arguments outside a kernel: it is attempted
+        return False
+    return False
+
+
+def check_online_update(fn) -> None:
+    """``fn(m_i, l_i, acc, s, v) -> (m_new, l_new, acc_new)``: one step of the online softmax, in Triton.
+
+    m_i, l_i (BLOCK_M,) running max and sum; acc (BLOCK_M, D) running output; s (BLOCK_M, BLOCK_N)
+    scores of one key block (natural units, -inf where masked); v (BLOCK_N, D); all float32.
+    The checker calls it from a kernel that streams 40 keys in blocks of 16 and compares acc / l
+    with softmax(s) @ v.
+    """
+    if _is_stub(fn):
+        return not_attempted("online_update")
+    if not ta.available():
+        print("Triton is not installed here (Linux only): this checker needs it to run your update inside a "
+              "kernel. Compare it with attn_fwd_inner in selfattn_lite/triton_kernels.py instead.")
+        return None
+    gen = torch.Generator().manual_seed(15)
+    s = torch.randn(BLOCK_M, 40, generator=gen)
+    s[:, 20:] += 3.0                                   # later blocks raise the max: the rescale matters
+    v = torch.randn(40, D, generator=gen)
+    try:
+        got = _run_update(fn, s, v)
+    except Exception as err:
+        cause = err
+        while cause.__cause__ is not None:
+            cause = cause.__cause__
+        raise ExerciseError(f"the kernel failed with your update: {cause!r}. It must return three values "
+                            "(m_new, l_new, acc_new) with the shapes of (m_i, l_i, acc), built from tl.* "
+                            "operations (tl.maximum, tl.max, tl.exp, tl.sum, tl.dot)") from None
+    want = torch.softmax(s, dim=-1) @ v
+    if close(got, want, atol=1e-4):
+        big = s * 40.0                                 # scores up to about +-200: exp() overflows without the max
+        got_big = _run_update(fn, big, v)
+        if not torch.isfinite(got_big).all():
+            raise ExerciseError("right for small scores, but inf/NaN for large ones: subtract the running max "
+                                "before exponentiating, p = exp(s - m_new[:, None])")
+        if not close(got_big, torch.softmax(big, dim=-1) @ v, atol=1e-4):
+            raise ExerciseError("wrong for large scores: use the running max m_new = max(m_i, rowmax(s))")
+        return passed("acc / l == softmax(s) @ v, streamed through your update 16 keys at a time")
+    if not torch.isfinite(got).all():
+        raise ExerciseError("the output has inf or NaN: is the rescale factor exp(m_i - m_new) (<= 1), with "
+                            "m_new = max(m_i, rowmax(s))? exp(m_new - m_i) blows up on the first block")
+    mistakes = [
+        (dict(rescale_acc=False), "acc is not rescaled: acc_new = acc * alpha[:, None] + tl.dot(p, v)"),
+        (dict(rescale_l=False), "l is not rescaled: l_new = l_i * alpha + tl.sum(p, 1)"),
+        (dict(flip=True), "the rescale factor is upside down: alpha = exp(m_i - m_new), not exp(m_new - m_i)"),
+    ]
+    for kwargs, message in mistakes:
+        if close(got, _stream(s, v, **kwargs), atol=1e-4):
+            raise ExerciseError(message)
+    raise ExerciseError("acc / l differs from softmax(s) @ v: m_new = max(m_i, rowmax(s)), alpha = exp(m_i - m_new), "
+                        "p = exp(s - m_new[:, None]), l_new = l_i * alpha + rowsum(p), acc_new = acc * alpha + p @ v")
+
+
+def check_causal_bounds(fn) -> None:
+    """``fn(q0, block_m, block_n, S) -> (unmasked_end, end)``: the causal loop bounds of one query block.
+
+    Key blocks [0, unmasked_end) run without a mask, [unmasked_end, end) with it; nothing after end
+    is loaded. Must agree with ``triton_attention.key_block_bounds(..., is_causal=True)``.
+    """
+    cases = [(0, 64, 64, 4096), (64, 64, 64, 4096), (128, 128, 64, 4096), (63, 64, 64, 4096), (100, 16, 32, 90),
+             (96, 32, 16, 50), (0, 16, 16, 5), (4000, 128, 64, 4096)]
+    try:
+        attempt(fn, *cases[0])
+    except NotAttempted:
+        return not_attempted("causal_bounds")
+    for q0, bm, bn, S in cases:
+        got = attempt(fn, q0, bm, bn, S)
+        if not isinstance(got, tuple) or len(got) != 2:
+            raise ExerciseError(f"return a pair (unmasked_end, end), got {got!r}")
+        unmasked_end, end = (int(x) for x in got)
+        want_unmasked, want_end = ta.key_block_bounds(q0, bm, bn, S, True)
+        where = f"(q0={q0}, block_m={bm}, block_n={bn}, S={S})"
+        if end == S and want_end < S:
+            raise ExerciseError(f"end = S at {where}: the loop then loads key blocks after the block's last query, "
+                                f"all masked. Stop at min(S, q0 + block_m) = {want_end}")
+        if end < want_end:
+            raise ExerciseError(f"end = {end} at {where} stops before the last key a query of this block sees "
+                                f"(query {q0 + bm - 1} sees keys up to {min(S, q0 + bm) - 1}): "
+                                "end = min(S, q0 + block_m)")
+        if end != want_end:
+            raise ExerciseError(f"end = {end} at {where}, expected min(S, q0 + block_m) = {want_end}")
+        if unmasked_end % bn:
+            raise ExerciseError(f"unmasked_end = {unmasked_end} at {where} is not a multiple of block_n: the loop "
+                                "steps through whole key blocks from 0")
+        if unmasked_end > want_unmasked:
+            raise ExerciseError(f"unmasked_end = {unmasked_end} at {where}: the block from {want_unmasked} holds keys "
+                                f"after query {q0}, so it needs the mask. unmasked_end = floor((q0 + 1) / block_n) * "
+                                "block_n (and not past S)")
+        if unmasked_end < want_unmasked:
+            raise ExerciseError(f"unmasked_end = {unmasked_end} at {where}: correct, but masks whole blocks it need "
+                                f"not; a block ending at or before q0 is whole for every query, so {want_unmasked}")
+    return passed("the causal loop bounds: no mask up to floor((q0 + 1) / block_n) * block_n, end at "
+                  "min(S, q0 + block_m)")

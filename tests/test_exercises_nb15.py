@@ -1,0 +1,115 @@
+"""Checkers of notebook 15: right answers pass, planted mistakes are named, stubs are 'not attempted'."""
+
+import pytest
+
+from selfattn_lite import triton_attention as ta
+from selfattn_lite.exercises import ExerciseError
+from selfattn_lite.exercises import nb15 as check
+
+if ta.available():
+    import triton.language as tl
+
+
+def stub(*args):
+    raise NotImplementedError
+
+
+# ----------------------------------------------------------------------------- online update (inside a kernel)
+
+def good_update(m_i, l_i, acc, s, v):
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp(m_i - m_new)
+    p = tl.exp(s - m_new[:, None])
+    return m_new, l_i * alpha + tl.sum(p, 1), acc * alpha[:, None] + tl.dot(p, v)
+
+
+def no_acc_rescale(m_i, l_i, acc, s, v):
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp(m_i - m_new)
+    p = tl.exp(s - m_new[:, None])
+    return m_new, l_i * alpha + tl.sum(p, 1), acc + tl.dot(p, v)
+
+
+def no_l_rescale(m_i, l_i, acc, s, v):
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp(m_i - m_new)
+    p = tl.exp(s - m_new[:, None])
+    return m_new, l_i + tl.sum(p, 1), acc * alpha[:, None] + tl.dot(p, v)
+
+
+def flipped_alpha(m_i, l_i, acc, s, v):
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp(m_new - m_i)
+    p = tl.exp(s - m_new[:, None])
+    return m_new, l_i * alpha + tl.sum(p, 1), acc * alpha[:, None] + tl.dot(p, v)
+
+
+def no_max(m_i, l_i, acc, s, v):                      # right in exact arithmetic, overflows in float32
+    p = tl.exp(s)
+    return m_i, l_i + tl.sum(p, 1), acc + tl.dot(p, v)
+
+
+def two_values(m_i, l_i, acc, s, v):
+    return m_i, l_i
+
+
+needs_triton = pytest.mark.skipif(not ta.available(), reason="Triton is not installed (Linux-only extra `triton`)")
+
+
+@needs_triton
+def test_online_update_right_answer_passes(capsys):
+    check.check_online_update(good_update)
+    assert "Correct" in capsys.readouterr().out
+
+
+@needs_triton
+@pytest.mark.parametrize("fn, message", [
+    (no_acc_rescale, "acc is not rescaled"),
+    (no_l_rescale, "l is not rescaled"),
+    (flipped_alpha, "inf or NaN"),
+    (no_max, "subtract the running max"),
+    (two_values, "three values"),
+])
+def test_online_update_mistakes_are_named(fn, message):
+    with pytest.raises(ExerciseError, match=message):
+        check.check_online_update(fn)
+
+
+def test_online_update_stub_is_not_attempted(capsys):
+    check.check_online_update(stub)
+    assert "Not attempted yet" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------- causal loop bounds
+
+def good_bounds(q0, block_m, block_n, S):
+    return min((q0 + 1) // block_n, S // block_n) * block_n, min(S, q0 + block_m)
+
+
+def test_causal_bounds_right_answer_passes(capsys):
+    check.check_causal_bounds(good_bounds)
+    assert "Correct" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("fn, message", [
+    (lambda q0, bm, bn, S: (good_bounds(q0, bm, bn, S)[0], S), "end = S"),
+    (lambda q0, bm, bn, S: (good_bounds(q0, bm, bn, S)[0], min(S, q0)), "stops before"),
+    (lambda q0, bm, bn, S: (q0, min(S, q0 + bm)), "multiple of block_n|needs the mask"),
+    (lambda q0, bm, bn, S: ((min(S, q0 + bm) // bn) * bn, min(S, q0 + bm)), "needs the mask"),
+    (lambda q0, bm, bn, S: (min(q0 // bn, S // bn) * bn, min(S, q0 + bm)), "masks whole blocks it need not"),
+    (lambda q0, bm, bn, S: 0, "pair"),
+])
+def test_causal_bounds_mistakes_are_named(fn, message):
+    with pytest.raises(ExerciseError, match=message):
+        check.check_causal_bounds(fn)
+
+
+def test_causal_bounds_stub_is_not_attempted(capsys):
+    check.check_causal_bounds(stub)
+    assert "Not attempted yet" in capsys.readouterr().out
+
+
+def test_online_update_says_when_triton_is_missing(monkeypatch, capsys):
+    monkeypatch.setattr(ta, "available", lambda: False)
+    check.check_online_update(lambda m_i, l_i, acc, s, v: (m_i, l_i, acc))
+    assert "Triton is not installed" in capsys.readouterr().out
