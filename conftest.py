@@ -26,11 +26,12 @@ TRITON_NOTEBOOK = "15_flashattention_in_triton.ipynb"
 
 def pytest_collection_modifyitems(config, items):
     import importlib.util
+    import os
 
     import pytest
 
-    if importlib.util.find_spec("triton") is not None:
-        return
+    if importlib.util.find_spec("triton") is not None or os.environ.get("CI"):
+        return  # CI installs Triton: there a missing Triton must fail, not skip
     skip = pytest.mark.skip(reason=f"{TRITON_NOTEBOOK}'s committed outputs come from a run with Triton, which is not "
                                    "installed here (Linux-only extra: pip install -e '.[triton]'); CI runs it")
     for item in items:
