@@ -529,7 +529,8 @@ def compare(impls: dict[str, Callable[[], object]], *, reference: str,
     with torch.no_grad():
         expected = _first(impls[reference]())
         device = torch.device(device) if device is not None else expected.device
-        tol = tolerance(expected.dtype, _magnitude(expected), ulps)
+        floating = expected.is_floating_point()
+        tol = tolerance(expected.dtype, _magnitude(expected), ulps) if floating else dict(atol=0.0, rtol=0.0)
         tol = dict(atol=atol if atol is not None else tol["atol"], rtol=rtol if rtol is not None else tol["rtol"])
         errors, err_ulps = {}, {}
         for name, fn in impls.items():
@@ -537,7 +538,7 @@ def compare(impls: dict[str, Callable[[], object]], *, reference: str,
             torch.testing.assert_close(got, expected, **tol,
                                        msg=lambda m, n=name: f"{n} disagrees with {reference}: {m}")
             errors[name] = (got.float() - expected.float()).abs().max().item()
-            err_ulps[name] = error_ulps(got, expected, expected.dtype)
+            err_ulps[name] = error_ulps(got, expected, expected.dtype) if floating else None
         del got
         timings = {name: time_stats(fn, device=device, budget_s=budget_s) for name, fn in impls.items()}
     if record_backend is None:

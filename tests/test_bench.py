@@ -74,6 +74,14 @@ def test_compare_needs_a_known_reference():
         bench.compare({"a": lambda: torch.zeros(1)}, reference="x")
 
 
+def test_compare_integer_outputs_must_match_exactly():
+    ids = torch.arange(5)
+    rows = bench.compare({"a": lambda: ids, "b": lambda: ids.clone()}, reference="a", budget_s=0.01)
+    assert rows[1].max_abs_err == 0 and rows[1].err_ulps is None
+    with pytest.raises(AssertionError, match="c disagrees with a"):
+        bench.compare({"a": lambda: ids, "c": lambda: ids + 1}, reference="a", budget_s=0.01)
+
+
 def test_compare_per_row_flops_and_infers_the_device():
     out = torch.ones(3)
     rows = bench.compare({"a": lambda: out, "b": lambda: out.clone()}, reference="a", flops={"a": 1e6}, budget_s=0.01)
