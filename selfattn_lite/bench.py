@@ -617,7 +617,8 @@ def format_table(rows: list[BenchRow]) -> str:
     peak = "" if not tera else (f", peak {spec.bf16_tflops:g} TFLOP/s bf16 ({spec.source})" if spec
                                 else ", unknown peak (device not in bench.DEVICE_SPECS)")
     backends = any(r.backend for r in rows)
-    header = (f"{'implementation':<28} {'precision':<20} {'median ms':>10} {'min ms':>9} {'spread':>7} "
+    w = max(28, *(len(r.name) for r in rows))
+    header = (f"{'implementation':<{w}} {'precision':<20} {'median ms':>10} {'min ms':>9} {'spread':>7} "
               f"{rate:>8} {'% peak':>7} {'vs ref':>7} {'err ulps':>8}" + ("  SDPA backend" if backends else ""))
     lines = [f"device: {rows[0].device}{peak}; reference (first row): {rows[0].name}", header, "-" * len(header)]
     for r in rows:
@@ -625,7 +626,7 @@ def format_table(rows: list[BenchRow]) -> str:
         share = None if r.peak_share is None else 100 * r.peak_share
         spread = None if r.spread_seconds is None else 100 * r.spread_seconds / r.seconds
         min_ms = None if r.min_seconds is None else 1e3 * r.min_seconds
-        line = (f"{r.name:<28} {r.precision:<20} {r.ms:>10.3f} {_fmt(min_ms, '.3f'):>9} "
+        line = (f"{r.name:<{w}} {r.precision:<20} {r.ms:>10.3f} {_fmt(min_ms, '.3f'):>9} "
                 f"{_fmt(spread, '.0f') + ('%' if spread is not None else ''):>7} {_fmt(flops, '.1f'):>8} "
                 f"{_fmt(share, '.1f'):>7} {r.ratio:>6.2f}x {_fmt(r.err_ulps, '.1f'):>8}")
         if backends:
