@@ -4,6 +4,7 @@
 #   make student  write student notebooks (solutions removed) to student/
 #   make figures  regenerate figures/ from the package
 #   make notebooks  re-execute every notebook in place (after changing code)
+#   make gpu-report  time and check everything on a CUDA GPU into figures/gpu/ (~6 min; a dry run without one)
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -19,7 +20,7 @@ PYTEST_ARGS ?=
 # Idle OpenMP threads sleep instead of spinning: fair timings on a shared or busy CPU.
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: install lab test student figures notebooks clean
+.PHONY: install lab test student figures notebooks gpu-report clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -46,6 +47,9 @@ figures: install
 notebooks: install
 	cd notebooks && for nb in [0-9][0-9]_*.ipynb; do \
 		../$(PY) -m jupyter nbconvert --to notebook --execute --inplace "$$nb" || exit 1; done
+
+gpu-report: install
+	$(PY) -m selfattn_lite.gpu_report --out figures/gpu $(GPU_REPORT_ARGS)
 
 clean:
 	rm -rf $(VENV) student .pytest_cache .ruff_cache .hypothesis

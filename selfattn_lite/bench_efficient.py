@@ -110,8 +110,10 @@ def measure(ns, *, B: int = 1, H: int = 8, D: int = 64, dtype=torch.float32, dev
         q, k, v = attention_inputs(B, H, n, D, dtype=dtype, device=device)
         flops = bench.attention_flops(B, H, n, n, D, causal=is_causal)
         calls = implementations(q, k, v, is_causal=is_causal, block_size=block_size)
+        upcast = {EXPLICIT: bench.upcast_dtype(dtype)}      # explicit attention's matmuls run in float32 for half
         try:
-            rows = bench.compare(calls, reference=SDPA, flops=flops, device=device, budget_s=budget_s)
+            rows = bench.compare(calls, reference=SDPA, flops=flops, device=device, budget_s=budget_s,
+                                 compute_dtypes=upcast)
         except RuntimeError as err:               # explicit attention did not fit: drop it
             if not _is_oom(err):
                 raise
@@ -123,6 +125,7 @@ def measure(ns, *, B: int = 1, H: int = 8, D: int = 64, dtype=torch.float32, dev
             peak = peak_memory(calls[row.name], device) / 2**20 if memory else None
             records.append(dict(n=n, impl=row.name, ms=row.ms, ratio_vs_sdpa=row.ratio, peak_mib=peak,
                                 max_abs_err=row.max_abs_err, flops=flops, device=row.device, dtype=row.dtype,
+                                compute_dtype=row.compute_dtype, err_ulps=row.err_ulps, backend=row.backend,
                                 **{flops_rate: getattr(row, flops_rate)}))
         del q, k, v, calls                        # the lambdas hold the inputs too
         if device.type == "cuda":
@@ -133,12 +136,14 @@ def measure(ns, *, B: int = 1, H: int = 8, D: int = 64, dtype=torch.float32, dev
 def bench_rows(records: list[dict], n: int) -> list[bench.BenchRow]:
     """The records of one n as ``bench.BenchRow`` objects, for ``bench.print_table`` and ``bench.plot_rows``."""
     rows = [bench.BenchRow(name=r["impl"], seconds=r["ms"] / 1e3, flops=r["flops"], ratio=r["ratio_vs_sdpa"],
-                           max_abs_err=r["max_abs_err"], device=r["device"], dtype=r["dtype"])
+                           max_abs_err=r["max_abs_err"], device=r["device"], dtype=r["dtype"],
+                           compute_dtype=r.get("compute_dtype"), err_ulps=r.get("err_ulps"), backend=r.get("backend"))
             for r in records if r["n"] == n]
     if not rows:
         raise ValueError(f"no records for n={n}; measured: {sorted({r['n'] for r in records})}")
     for row in rows:
-        peak = bench.peak_tflops(bench.best_device(), getattr(torch, row.dtype)) if "CPU" not in row.device else None
+        compute = getattr(torch, row.compute_dtype or row.dtype)
+        peak = bench.peak_tflops(bench.best_device(), compute) if "CPU" not in row.device else None
         if peak is not None and row.tflops is not None:
             row.peak_share = row.tflops / peak
     return rows

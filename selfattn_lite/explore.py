@@ -296,6 +296,8 @@ def sentence_embeddings(texts: str | list[str], model: BertEncoder | None = None
     """Unit-length sentence embeddings (B, d): mean-pooled last hidden states, L2-normalised."""
     model = model or load_minilm()
     input_ids, padding, _ = tokenize(texts, tokenizer)
+    device = next(model.parameters()).device
+    input_ids, padding = input_ids.to(device), padding.to(device)     # the tokenizer's are on the CPU
     with torch.no_grad():
         hidden, _ = model(input_ids, key_padding_mask=padding)         # (B, T, d)
     return nn.functional.normalize(mean_pool(hidden, padding), dim=-1)
@@ -364,9 +366,10 @@ def explore(text: str, model: BertEncoder | None = None, tokenizer=None) -> Atte
         return _explore_cached(text)
     model = model or load_minilm()
     input_ids, _, tokens = tokenize(text, tokenizer)
+    input_ids = input_ids.to(next(model.parameters()).device)         # the tokenizer's are on the CPU
     with torch.no_grad():
         _, weights = model(input_ids, need_weights=True)               # n_layers x (1, h, T, T)
-    return AttentionMaps(tokens[0], torch.stack([w[0] for w in weights]), model="all-MiniLM-L6-v2")
+    return AttentionMaps(tokens[0], torch.stack([w[0] for w in weights]).cpu(), model="all-MiniLM-L6-v2")
 
 
 def decoder_attention(model, ids: Tensor) -> tuple[Tensor, list[Tensor]]:
@@ -411,10 +414,10 @@ def explore_decoder(text: str, model=None) -> AttentionMaps:
         model = load_tiny_decoder()
     if model.tokenizer is None:
         raise ValueError("the decoder has no tokenizer: load it with models.load_tiny_decoder()")
-    ids = model.tokenizer.encode(text)[None]                              # (1, T)
+    ids = model.tokenizer.encode(text)[None].to(model.embed.weight.device)   # (1, T) on the model's device
     with torch.no_grad():
         _, weights = decoder_attention(model, ids)
-    return AttentionMaps([_char_label(c) for c in text], torch.stack([w[0] for w in weights]),
+    return AttentionMaps([_char_label(c) for c in text], torch.stack([w[0] for w in weights]).cpu(),
                          model="tiny decoder")
 
 

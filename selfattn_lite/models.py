@@ -230,22 +230,40 @@ class TinyDecoder(nn.Module):
                 for _ in range(c.n_layers)]
 
     # ------------------------------------------------------------------ forward
-    def _check_ids(self, ids) -> Tensor:
-        ids = torch.as_tensor(ids)
+    def _check_ids(self, ids, *, check_range: bool | None = None) -> Tensor:
+        """ids as a (B, T) integer tensor on the model's device, checked.
+
+        A tensor on another device raises ValueError (it is never moved silently: a model
+        that is not where you think it is should fail loudly); a list or range is created on
+        the model's device. The token range is checked when ``check_range`` is True; None
+        means "on the CPU only", where it costs no device synchronisation (on a GPU, min and
+        max would force a host sync per call: ``generate`` checks the prompt once instead).
+        """
+        device = self.embed.weight.device
+        if not isinstance(ids, Tensor):
+            ids = torch.as_tensor(ids, device=device)
         if ids.dim() == 1:
             ids = ids[None]                                   # (T,) -> (1, T)
         if ids.dim() != 2 or ids.is_floating_point() or ids.dtype == torch.bool:
             raise ValueError(f"ids must be (B, T) or (T,) integer token ids, got {_shape(ids)} of dtype {ids.dtype}")
-        if ids.numel() and (ids.min() < 0 or ids.max() >= self.config.vocab_size):
-            raise ValueError(f"token ids must be in [0, vocab_size={self.config.vocab_size}), "
-                             f"got min {int(ids.min())}, max {int(ids.max())}")
-        return ids.to(self.embed.weight.device)
+        if ids.device != device:
+            raise ValueError(f"ids are on {ids.device} but the model is on {device}: "
+                             f"move them first, ids.to({str(device)!r})")
+        if check_range is None:
+            check_range = ids.device.type == "cpu"
+        if check_range and ids.numel():
+            low, high = torch.stack(torch.aminmax(ids)).tolist()   # one host sync for both
+            if low < 0 or high >= self.config.vocab_size:
+                raise ValueError(f"token ids must be in [0, vocab_size={self.config.vocab_size}), "
+                                 f"got min {low}, max {high}")
+        return ids
 
     def forward(self, ids: Tensor, caches: list[KVCache] | None = None) -> Tensor:
         """Next-token logits for every position.
 
         Args:
-            ids: (B, T) token ids. With ``caches``, the T new tokens that follow the
+            ids: (B, T) token ids on the model's device (their range is checked on the CPU;
+                see ``_check_ids``). With ``caches``, the T new tokens that follow the
                 len(caches[0]) tokens already stored (positions continue from there).
             caches: None (attend among ``ids`` only) or one ``KVCache`` per layer.
 
@@ -265,7 +283,7 @@ class TinyDecoder(nn.Module):
 
     def loss(self, ids: Tensor) -> Tensor:
         """Mean cross-entropy of predicting ids[:, 1:] from ids[:, :-1], in nats per token."""
-        ids = self._check_ids(ids)
+        ids = self._check_ids(ids, check_range=True)
         logits = self(ids[:, :-1])                            # (B, T-1, V)
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), ids[:, 1:].reshape(-1))
 
@@ -288,7 +306,7 @@ class TinyDecoder(nn.Module):
         Returns:
             (B, T + max_new_tokens) ids: the prompt followed by the generated tokens.
         """
-        ids = self._check_ids(ids)
+        ids = self._check_ids(ids, check_range=True)      # once, here: decode steps make their own ids
         B, T = ids.shape
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be a non-negative int, got {max_new_tokens!r}")
@@ -318,7 +336,8 @@ class TinyDecoder(nn.Module):
         """Text in, text out (needs ``self.tokenizer``): the prompt's greedy continuation."""
         if self.tokenizer is None:
             raise ValueError("this model has no tokenizer; load it with load_tiny_decoder()")
-        ids = self.generate(self.tokenizer.encode(prompt), max_new_tokens, use_cache=use_cache)
+        prompt_ids = self.tokenizer.encode(prompt).to(self.embed.weight.device)     # (T,) on the model's device
+        ids = self.generate(prompt_ids, max_new_tokens, use_cache=use_cache)
         return self.tokenizer.decode(ids[0, len(prompt):])
 
 
@@ -352,14 +371,15 @@ def to_gqa(model: TinyDecoder, n_kv_heads: int) -> TinyDecoder:
 
     The recipe of Ainslie et al. (2023) for turning an MHA checkpoint into GQA (n_kv_heads
     between 1 and h) or MQA (1); the paper then trains it a little more ("uptraining").
-    Query, output and MLP weights are copied unchanged.
+    Query, output and MLP weights are copied unchanged. The copy has the model's device and dtype.
     """
     c = model.config
     if c.n_kv_heads != c.n_heads:
         raise ValueError(f"to_gqa converts an MHA model (n_kv_heads = n_heads), this one has "
                          f"n_kv_heads={c.n_kv_heads}, n_heads={c.n_heads}")
     config = DecoderConfig.from_dict({**asdict(c), "n_kv_heads": n_kv_heads})
-    new = TinyDecoder(config).to(model.embed.weight.dtype)
+    p = model.embed.weight
+    new = TinyDecoder(config).to(device=p.device, dtype=p.dtype)
     state = dict(model.state_dict())
     for i in range(c.n_layers):
         for proj in ("k_proj", "v_proj"):
@@ -397,12 +417,14 @@ def evaluate(model: TinyDecoder, ids: Tensor, seq_len: int | None = None, n_wind
 
     Returns:
         {"loss": mean cross-entropy, "accuracy": share of tokens whose argmax is right}.
+        The windows are moved to the model's device (ids may live on the CPU).
     """
     seq_len = model.config.max_len - 1 if seq_len is None else seq_len
     if ids.dim() != 1 or len(ids) < seq_len + 1:
         raise ValueError(f"ids must be (N,) with N > seq_len={seq_len}, got {_shape(ids)}")
     starts = torch.linspace(0, len(ids) - seq_len - 1, n_windows).long()
     windows = torch.stack([ids[s:s + seq_len + 1] for s in starts.tolist()])   # (n, seq_len + 1)
+    windows = windows.to(model.embed.weight.device)
     logits = model(windows[:, :-1]).float()                                    # (n, seq_len, V)
     targets = windows[:, 1:].to(logits.device)
     loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))

@@ -1,32 +1,72 @@
+"""selfattn_lite.bench: FLOPs, tolerances in ulps, timing method, peaks by exact name, backends.
+
+Device-aware: each test that runs work does so on every device present (CPU here and in CI,
+CUDA too on a GPU machine); CUDA-only logic (event timing, peak lookup) is exercised on the CPU
+with stand-ins for torch.cuda's functions.
+"""
+
+import math
+
 import pytest
 import torch
+import torch.nn.functional as F
+from hypothesis import given
+from hypothesis import strategies as st
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from selfattn_lite import bench
 from selfattn_lite import scaled_dot_product_attention as sdpa
 
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
+
+def explicit(q, k, v, is_causal=False):
+    return sdpa(q, k, v, is_causal=is_causal)[0]
+
+
+# --------------------------------------------------------------------------- FLOPs and labels
 def test_attention_flops_formula():
     assert bench.attention_flops(2, 8, 128, 256, 64) == 4 * 2 * 8 * 128 * 256 * 64
     assert bench.attention_flops(2, 8, 128, 256, 64, causal=True) == 2 * 2 * 8 * 128 * 256 * 64
 
 
-def test_compare_attention_rows_on_cpu():
-    def explicit(q, k, v, is_causal=False):
-        return sdpa(q, k, v, is_causal=is_causal)[0]
-
-    rows = bench.compare_attention({"explicit": explicit}, B=1, H=2, L=64, D=16, causal=True, budget_s=0.05)
-    assert [r.name for r in rows] == ["torch SDPA", "explicit"]
+@pytest.mark.parametrize("device", DEVICES)
+def test_compare_attention_counts_full_flops_for_rows_that_compute_every_score(device):
+    rows = bench.compare_attention({"explicit": explicit, "tiled": explicit}, B=1, H=2, L=64, D=16, causal=True,
+                                   device=device, budget_s=0.05, skips_masked=["tiled"])
+    by_name = {r.name: r for r in rows}
+    assert [r.name for r in rows] == ["torch SDPA", "explicit", "tiled"]
+    assert by_name["torch SDPA"].flops == bench.attention_flops(1, 2, 64, 64, 16, causal=True)
+    assert by_name["tiled"].flops == bench.attention_flops(1, 2, 64, 64, 16, causal=True)
+    assert by_name["explicit"].flops == bench.attention_flops(1, 2, 64, 64, 16)      # every score computed
     assert rows[0].ratio == 1.0 and rows[1].ratio == pytest.approx(rows[1].seconds / rows[0].seconds)
-    assert rows[1].flops == bench.attention_flops(1, 2, 64, 64, 16, causal=True)
-    assert rows[1].max_abs_err < 1e-5 and rows[0].max_abs_err == 0
-    assert rows[0].dtype == "float32" and rows[0].peak_share is None
+    dtype = bench.default_sizes(device)["dtype"]
+    assert rows[0].dtype == str(dtype).replace("torch.", "") and rows[0].max_abs_err == 0
+    assert rows[1].err_ulps <= bench.DEFAULT_ULPS[dtype]
     table = bench.format_table(rows)
-    assert "torch SDPA" in table and "explicit" in table and "GFLOP/s" in table
+    assert "torch SDPA" in table and "explicit" in table and ("GFLOP/s" if device == "cpu" else "TFLOP/s") in table
 
 
-def test_compare_refuses_to_time_a_wrong_answer():
+def test_compare_attention_rejects_unknown_names():
+    with pytest.raises(ValueError, match="skips_masked names"):
+        bench.compare_attention({"a": explicit}, B=1, H=1, L=8, D=4, device="cpu", skips_masked=["b"])
+    with pytest.raises(ValueError, match="compute_dtypes names"):
+        bench.compare({"a": lambda: torch.zeros(1)}, reference="a", compute_dtypes={"b": torch.float32})
+
+
+def test_rows_carry_their_compute_dtype_in_the_label():
+    rows = bench.compare_attention({"explicit": explicit}, B=1, H=2, L=16, D=8, dtype=torch.bfloat16, device="cpu",
+                                   budget_s=0.02, compute_dtypes={"explicit": bench.upcast_dtype(torch.bfloat16)})
+    assert rows[0].precision == "bfloat16" and rows[0].label == "torch SDPA [bfloat16]"
+    assert rows[1].compute_dtype == "float32" and rows[1].label == "explicit [bfloat16 -> float32]"
+    assert "bfloat16 -> float32" in bench.format_table(rows)
+    assert bench.upcast_dtype(torch.float16) == torch.float32 and bench.upcast_dtype(torch.float64) == torch.float64
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_compare_refuses_to_time_a_wrong_answer(device):
     with pytest.raises(AssertionError, match="wrong disagrees with torch SDPA"):
-        bench.compare_attention({"wrong": lambda q, k, v, is_causal=False: v}, B=1, H=1, L=8, D=4)
+        bench.compare_attention({"wrong": lambda q, k, v, is_causal=False: v}, B=1, H=1, L=8, D=4, device=device)
 
 
 def test_compare_needs_a_known_reference():
@@ -34,31 +74,189 @@ def test_compare_needs_a_known_reference():
         bench.compare({"a": lambda: torch.zeros(1)}, reference="x")
 
 
-def test_cpu_defaults_are_small_float32():
-    sizes = bench.default_sizes("cpu")
-    assert sizes["dtype"] == torch.float32 and sizes["L"] <= 1024
+def test_compare_integer_outputs_must_match_exactly():
+    ids = torch.arange(5)
+    rows = bench.compare({"a": lambda: ids, "b": lambda: ids.clone()}, reference="a", budget_s=0.01)
+    assert rows[1].max_abs_err == 0 and rows[1].err_ulps is None
+    with pytest.raises(AssertionError, match="c disagrees with a"):
+        bench.compare({"a": lambda: ids, "c": lambda: ids + 1}, reference="a", budget_s=0.01)
 
 
-def test_peak_lookup_by_device_name(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
-    assert bench.peak_tflops("cuda", torch.bfloat16) == 989.0
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 PCIe")
-    assert bench.peak_tflops("cuda", torch.bfloat16) == 756.0
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100-SXM4-80GB")
-    assert bench.peak_tflops("cuda", torch.bfloat16) == 312.0
-    assert bench.peak_tflops("cuda", torch.float32) is None
-    assert bench.peak_tflops("cpu") is None
+def test_compare_per_row_flops_and_infers_the_device():
+    out = torch.ones(3)
+    rows = bench.compare({"a": lambda: out, "b": lambda: out.clone()}, reference="a", flops={"a": 1e6}, budget_s=0.01)
+    assert rows[0].flops == 1e6 and rows[1].flops is None and rows[1].gflops is None
+    assert rows[0].device.startswith("CPU") and rows[0].backend is None     # backends recorded on CUDA only
+
+
+# --------------------------------------------------------------------------- tolerances in ulps
+def test_ulp_of_bf16_fp16_fp32():
+    assert bench.ulp(torch.bfloat16, 3.6) == 2.0 ** -6          # the issue's 1.56e-2 at |out| near 3.6
+    assert bench.ulp(torch.bfloat16, 1.0) == 2.0 ** -7
+    assert bench.ulp(torch.float16, 0.75) == 2.0 ** -11
+    assert bench.ulp(torch.float32, 1.0) == torch.finfo(torch.float32).eps
+    assert bench.tolerance(torch.bfloat16, 3.6) == dict(atol=8 * 2.0 ** -6, rtol=0.0)
+    assert bench.tolerance(torch.bfloat16, 3.6, ulps=2)["atol"] == 2 * 2.0 ** -6
+
+
+@given(st.floats(1e-3, 1e4), st.sampled_from([torch.bfloat16, torch.float16, torch.float32]))
+def test_rounding_to_a_dtype_moves_a_value_at_most_half_an_ulp(x, dtype):
+    rounded = torch.tensor(x, dtype=torch.float64).to(dtype).double().item()
+    assert abs(rounded - x) <= 0.5 * bench.ulp(dtype, x) * (1 + 1e-12)
+
+
+def test_assert_close_ulps_passes_within_and_names_the_bound_outside():
+    expected = torch.linspace(-3.6, 3.6, 50, dtype=torch.float64)
+    u = bench.ulp(torch.bfloat16, 3.6)
+    close = (expected + u).to(torch.bfloat16)                      # about one ulp off (plus rounding)
+    assert bench.assert_close_ulps(close, expected) <= 1.5
+    with pytest.raises(AssertionError, match="ulps of bfloat16"):
+        bench.assert_close_ulps((expected + 12 * u).to(torch.bfloat16), expected)
+    with pytest.raises(AssertionError, match="my check"):
+        bench.assert_close_ulps(close, expected, ulps=0.25, msg="my check")
+    assert bench.error_ulps(expected.float(), expected, torch.bfloat16) < 1e-3
+
+
+def test_compare_default_bound_is_in_ulps_of_the_output():
+    x = torch.full((4,), 3.6, dtype=torch.bfloat16)
+    off = lambda n: (lambda: x + n * bench.ulp(torch.bfloat16, 3.6))   # noqa: E731
+    rows = bench.compare({"ref": lambda: x, "4 ulps": off(4)}, reference="ref", budget_s=0.01)
+    assert rows[1].err_ulps == 4
+    with pytest.raises(AssertionError, match="16 ulps disagrees"):
+        bench.compare({"ref": lambda: x, "16 ulps": off(16)}, reference="ref", budget_s=0.01)
+    with pytest.raises(AssertionError, match="4 ulps disagrees"):
+        bench.compare({"ref": lambda: x, "4 ulps": off(4)}, reference="ref", budget_s=0.01, ulps=2)
+
+
+# --------------------------------------------------------------------------- timing method
+def test_time_stats_times_the_first_call_apart_then_samples_of_n_calls():
+    calls = []
+    t = bench.time_stats(lambda: calls.append(1), warmup=2, repeat=4, number=3)
+    assert len(calls) == 1 + 2 + 4 * 3 and len(t.samples) == 4 and t.number == 3
+    assert t.min <= t.median and t.spread >= 0 and t.first >= 0 and t.device == "cpu"
 
 
 def test_time_fn_counts_calls():
     calls = []
-    seconds = bench.time_fn(lambda: calls.append(1), warmup=2, repeat=5)
-    assert len(calls) == 7 and seconds >= 0
+    seconds = bench.time_fn(lambda: calls.append(1), warmup=2, repeat=5, number=1)
+    assert len(calls) == 8 and seconds >= 0
+
+
+def test_time_stats_chooses_n_to_fill_the_budget():
+    t = bench.time_stats(lambda: torch.zeros(10), repeat=3, budget_s=0.03)
+    assert t.number > 1 and len(t.samples) == 3
+
+
+def test_infer_device_from_outputs():
+    assert bench.infer_device(torch.zeros(1)) == torch.device("cpu")
+    assert bench.infer_device(([1, {"x": torch.zeros(1, device="meta")}],)) == torch.device("meta")
+    assert bench.infer_device(None, 3) is None
+    assert bench.time_stats(lambda: torch.zeros(1, device="meta"), repeat=1, number=1).device == "meta"
+
+
+class FakeEvent:
+    """Stands in for torch.cuda.Event: records the call count when recorded, 1 ms per call."""
+
+    log = []
+
+    def __init__(self, enable_timing=False):
+        assert enable_timing
+
+    def record(self):
+        self.at = len(FakeEvent.log)
+
+    def elapsed_time(self, end):
+        return float(end.at - self.at)
+
+
+def test_cuda_samples_bracket_n_back_to_back_calls_with_one_event_pair(monkeypatch):
+    syncs = []
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: syncs.append(len(FakeEvent.log)))
+    FakeEvent.log = []
+    t = bench.time_stats(lambda: FakeEvent.log.append(1), device="cuda", warmup=1, repeat=3, number=4)
+    assert t.samples == [1e-3] * 3                  # 4 calls between the events, 1 "ms" each, per call
+    samples_syncs = syncs[-3:]
+    assert samples_syncs == [1 + 1 + 4, 1 + 1 + 8, 1 + 1 + 12]   # one synchronize per sample, none between calls
+
+
+# --------------------------------------------------------------------------- peaks and head sizes
+@pytest.mark.parametrize("name, peak, bandwidth", [
+    ("NVIDIA H200", 989.4, 4800.0),
+    ("NVIDIA H100 80GB HBM3", 989.4, 3350.0),
+    ("NVIDIA H100 PCIe", 756.5, 2000.0),
+    ("NVIDIA A100-SXM4-80GB", 312.0, 2039.0),
+    ("NVIDIA H200 NVL", None, None),                # not the SXM part: unknown, not guessed
+    ("NVIDIA H100 NVL", None, None),
+    ("Some Future GPU", None, None),
+])
+def test_peak_lookup_by_exact_device_name(monkeypatch, name, peak, bandwidth):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    assert bench.peak_tflops("cuda", torch.bfloat16) == peak
+    assert bench.peak_tflops("cuda", torch.float16) == peak
+    assert bench.peak_bandwidth_gbs("cuda") == bandwidth
+    assert bench.peak_tflops("cuda", torch.float32) is None
+    assert bench.describe_peak("cuda").startswith("unknown peak" if peak is None else f"peak {peak:g}")
+    row = bench.BenchRow(name="x", seconds=1e-3, flops=1e12, ratio=1.0, max_abs_err=0.0, device=name,
+                         dtype="bfloat16")
+    assert ("unknown peak" in bench.format_table([row])) == (peak is None)
+
+
+def test_every_listed_peak_names_its_source():
+    for name, spec in bench.DEVICE_SPECS.items():
+        assert name.startswith("NVIDIA ") and "data sheet" in spec.source
+        assert spec.bf16_tflops > 0 and spec.memory_gbs > 0
+    assert bench.peak_tflops("cpu") is None and bench.describe_peak("cpu") == "no peak (CPU)"
+
+
+def test_cuda_heads_stay_within_the_fused_kernels():
+    assert bench.max_head_dim("cuda") == bench.MAX_FUSED_HEAD_DIM == 256 and bench.max_head_dim("cpu") is None
+    bench.check_head_dim(256, "cuda")
+    bench.check_head_dim(2048, "cpu")
+    with pytest.raises(ValueError, match="D=2048 > 256"):
+        bench.check_head_dim(2048, "cuda")
+    with pytest.raises(ValueError, match="D=512 > 256"):       # raised before any CUDA work
+        bench.compare_attention({"explicit": explicit}, B=1, H=1, L=8, D=512, device="cuda")
+
+
+def test_cpu_defaults_are_small_float32():
+    sizes = bench.default_sizes("cpu")
+    assert sizes["dtype"] == torch.float32 and sizes["L"] <= 1024
+    assert bench.default_sizes("cuda")["D"] <= bench.MAX_FUSED_HEAD_DIM
+
+
+# --------------------------------------------------------------------------- SDPA backend
+@pytest.mark.parametrize("device", DEVICES)
+def test_sdpa_backends_names_the_kernel_that_ran(device):
+    q = torch.randn(1, 2, 16, 8, device=device)
+    assert bench.sdpa_backends(lambda: explicit(q, q, q)) == []
+    fused = bench.sdpa_backends(lambda: F.scaled_dot_product_attention(q, q, q))
+    assert len(fused) == 1 and fused[0] in bench.SDPA_OPS.values()
+    with sdpa_kernel(SDPBackend.MATH):
+        assert bench.sdpa_backends(lambda: F.scaled_dot_product_attention(q, q, q)) == ["math"]
+
+
+def test_compare_records_backends_when_asked():
+    q = torch.randn(1, 2, 16, 8)
+    rows = bench.compare({"sdpa": lambda: F.scaled_dot_product_attention(q, q, q), "explicit": lambda: explicit(q, q, q)},
+                         reference="sdpa", record_backend=True, budget_s=0.01)
+    assert rows[0].backend in bench.SDPA_OPS.values() and rows[1].backend == ""
+    assert "SDPA backend" in bench.format_table(rows)
+
+
+# --------------------------------------------------------------------------- inputs on the device
+@pytest.mark.parametrize("device", DEVICES)
+def test_randn_draws_on_the_device_reproducibly(device):
+    a = bench.randn(2, 3, device=device, dtype=torch.bfloat16, seed=1)
+    assert a.device.type == device and a.dtype == torch.bfloat16
+    assert torch.equal(a, bench.randn(2, 3, device=device, dtype=torch.bfloat16, seed=1))
+    assert math.isfinite(a.float().sum().item())
 
 
 def test_plot_rows():
     import matplotlib
     matplotlib.use("Agg")
-    rows = bench.compare({"a": lambda: torch.ones(3), "b": lambda: torch.ones(3)}, reference="a", budget_s=0.01)
+    rows = bench.compare({"a": lambda: torch.ones(3), "b": lambda: torch.ones(3)}, reference="a", budget_s=0.01,
+                         compute_dtypes={"b": torch.float64})
     ax = bench.plot_rows(rows)
-    assert [t.get_text() for t in ax.get_yticklabels()] == ["b", "a"]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["b [float32 -> float64]", "a"]

@@ -1,0 +1,277 @@
+"""Each notebook's timing comparison, restated at full size for ``make gpu-report``.
+
+A notebook's last cell times what it taught against torch's fused SDPA at sizes a CPU can run
+in seconds. Here is the same comparison (the same implementations under the same row names;
+``tests/test_gpu_report.py`` checks the names against each notebook's last cell) at the sizes
+that cell uses on CUDA, in bfloat16, with the inputs drawn on the device. Every function takes a
+``Context`` (device, tiny sizes or full, time budget) and returns a JSON-able dict:
+
+* ``rows``: ``bench.BenchRow`` fields per implementation (median/min/spread, FLOPs per row,
+  compute dtype, SDPA backend, error in ulps against the reference row);
+* ``fp32_check``: each row's output against the float32 reference computed from the same
+  (rounded) inputs, in ulps of bfloat16 at the reference's magnitude, and whether all are
+  within ``bench.DEFAULT_ULPS`` (a section whose check fails still records its rows, then raises).
+
+With ``ctx.tiny`` (the dry run on a CPU) the same code runs at sizes that take milliseconds.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from . import bench
+from .attention import scaled_dot_product_attention as explicit_sdpa
+
+__all__ = ["Context", "row_dicts", "nb01", "nb02", "nb03", "nb04", "nb05", "nb06", "nb07", "nb08", "nb09", "nb10"]
+
+DTYPE = torch.bfloat16
+FP32 = torch.float32
+
+
+@dataclass
+class Context:
+    """Where and how big: ``tiny`` picks the dry-run sizes; ``budget_s`` is per timed row."""
+
+    device: torch.device
+    tiny: bool
+    budget_s: float = 0.3
+
+    def pick(self, full, tiny):
+        return tiny if self.tiny else full
+
+
+def row_dicts(rows: list[bench.BenchRow]) -> list[dict]:
+    """BenchRows as JSON-able dicts, with the derived ms and TFLOP/s."""
+    return [asdict(r) | dict(ms=r.ms, tflops=r.tflops) for r in rows]
+
+
+def _inputs(ctx: Context, *shapes, seed: int = 0) -> list[torch.Tensor]:
+    gen = torch.Generator(device=ctx.device).manual_seed(seed)
+    return [bench.randn(*s, device=ctx.device, dtype=DTYPE, generator=gen) for s in shapes]
+
+
+def _fp32_check(outputs: dict[str, torch.Tensor], reference: torch.Tensor, ulps: float | None = None) -> dict:
+    """Each output's max error against the float32 reference, in bf16 ulps at the reference's magnitude."""
+    bound = bench.DEFAULT_ULPS[DTYPE] if ulps is None else ulps
+    errors = {name: bench.error_ulps(out, reference, DTYPE) for name, out in outputs.items()}
+    return dict(reference="float32, same rounded inputs", bound_ulps=bound, ulps=errors,
+                passed=all(e <= bound for e in errors.values()))
+
+
+def _run(ctx: Context, calls: dict, reference_fp32, *, reference: str, flops=None, compute=(), ulps=None,
+         extra: dict | None = None, compare_kw: dict | None = None) -> dict:
+    """Check every call against the float32 reference, then ``bench.compare`` them; one result dict."""
+    with torch.no_grad():
+        ref32 = reference_fp32()
+        outputs = {name: bench._first(fn()) for name, fn in calls.items()}
+        check = _fp32_check(outputs, ref32, ulps)
+        del outputs, ref32
+    rows = bench.compare(calls, reference=reference, flops=flops, device=ctx.device, budget_s=ctx.budget_s,
+                         compute_dtypes={name: FP32 for name in compute}, record_backend=True,
+                         **(compare_kw or {}))
+    return dict(rows=row_dicts(rows), fp32_check=check, **(extra or {}))
+
+
+def _explicit(q, k, v, **kw):
+    return explicit_sdpa(q, k, v, **kw)[0]
+
+
+# --------------------------------------------------------------------------------------------- 01, 02
+def _plain_attention(ctx: Context, B, H, L, S, D, *, name="selfattn_lite (explicit)") -> dict:
+    bench.check_head_dim(D, ctx.device)
+    q, k, v = _inputs(ctx, (B, H, L, D), (B, H, S, D), (B, H, S, D))
+    calls = {"torch SDPA": lambda: F.scaled_dot_product_attention(q, k, v),
+             name: lambda: _explicit(q, k, v)}
+    return _run(ctx, calls, lambda: F.scaled_dot_product_attention(q.float(), k.float(), v.float()),
+                reference="torch SDPA", flops=bench.attention_flops(B, H, L, S, D), compute=[name],
+                extra=dict(sizes=dict(B=B, H=H, L=L, S=S, D=D)))
+
+
+def nb01(ctx: Context) -> dict:
+    """Explicit attention against torch SDPA, not causal (notebook 01's last cell)."""
+    B, H, L, D = ctx.pick((2, 16, 4096, 128), (1, 2, 64, 16))
+    return _plain_attention(ctx, B, H, L, L, D)
+
+
+def nb02(ctx: Context) -> dict:
+    """The 3-token example's shape, then a realistic one (notebook 02's last cell)."""
+    tiny = _plain_attention(ctx, 1, 1, 1, 3, 2)
+    full = nb01(ctx)
+    return dict(rows=tiny["rows"] + full["rows"], fp32_check=dict(
+        tiny=tiny["fp32_check"], full=full["fp32_check"],
+        passed=tiny["fp32_check"]["passed"] and full["fp32_check"]["passed"]))
+
+
+# --------------------------------------------------------------------------------------------- 03
+def nb03(ctx: Context) -> dict:
+    """Causal attention: is_causal (skips the masked half) vs a boolean mask (computes every score)."""
+    B, H, L, D = ctx.pick((2, 16, 4096, 128), (1, 2, 64, 16))
+    q, k, v = _inputs(ctx, *[(B, H, L, D)] * 3)
+    causal = torch.ones(L, L, dtype=torch.bool, device=ctx.device).tril()
+    calls = {"torch SDPA, is_causal=True": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+             "explicit + bool mask": lambda: _explicit(q, k, v, attn_mask=causal),
+             "torch SDPA + bool mask": lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=causal)}
+    full, half = bench.attention_flops(B, H, L, L, D), bench.attention_flops(B, H, L, L, D, causal=True)
+    flops = {"torch SDPA, is_causal=True": half, "explicit + bool mask": full, "torch SDPA + bool mask": full}
+    return _run(ctx, calls, lambda: F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True),
+                reference="torch SDPA, is_causal=True", flops=flops, compute=["explicit + bool mask"])
+
+
+# --------------------------------------------------------------------------------------------- 04
+def nb04(ctx: Context) -> dict:
+    """One wide head vs narrow heads (heads <= 256 on CUDA), and our module vs nn.MultiheadAttention."""
+    from .multihead import MultiHeadAttention
+
+    # same FLOPs in one head of 256 or four of 64: both within the fused kernels' head sizes
+    B, T, d, h = ctx.pick((32, 4096, 256, 4), (2, 32, 32, 4))
+    x, = _inputs(ctx, (B, T, d))
+    heads = {}
+    for n_heads in (1, h):
+        q = x.view(B, T, n_heads, d // n_heads).transpose(1, 2).contiguous()       # (B, h, T, d/h)
+        bench.check_head_dim(d // n_heads, ctx.device)
+        heads[n_heads] = dict(timing=bench.time_stats(lambda q=q: F.scaled_dot_product_attention(q, q, q),
+                                                      device=ctx.device, budget_s=ctx.budget_s).median,
+                              backend=bench.sdpa_backends(lambda q=q: F.scaled_dot_product_attention(q, q, q)))
+    heads_result = {f"{n} x {d // n}": dict(ms=1e3 * r["timing"], backend=r["backend"]) for n, r in heads.items()}
+
+    Bt, Tt, dt, ht = ctx.pick((8, 2048, 2048, 16), (2, 32, 64, 4))
+    xt, = _inputs(ctx, (Bt, Tt, dt), seed=1)
+    torch.manual_seed(0)
+    torch_mha = nn.MultiheadAttention(dt, ht, batch_first=True, device=ctx.device, dtype=DTYPE).eval()
+    our_mha = MultiHeadAttention.from_torch(torch_mha).eval()
+    mha32 = copy.deepcopy(torch_mha).float()
+    flops = 4 * 2 * Bt * Tt * dt * dt + bench.attention_flops(Bt, ht, Tt, Tt, dt // ht)   # 4 projections + attention
+    calls = {"nn.MultiheadAttention": lambda: torch_mha(xt, xt, xt, need_weights=False)[0],
+             "nn.MHA, need_weights=True": lambda: torch_mha(xt, xt, xt, need_weights=True)[0],
+             "ours, fused SDPA": lambda: our_mha(xt)[0],
+             "ours, need_weights=True": lambda: our_mha(xt, need_weights=True)[0]}
+    x32 = xt.float()
+    # a whole module in bf16 (projections rounded too) is further from float32 than one attention
+    return _run(ctx, calls, lambda: mha32(x32, x32, x32, need_weights=False)[0], reference="nn.MultiheadAttention",
+                flops=flops, compute=["ours, need_weights=True"], ulps=64,
+                extra=dict(heads=heads_result, sizes=dict(B=Bt, T=Tt, d=dt, h=ht)), compare_kw=dict(ulps=64))
+
+
+# --------------------------------------------------------------------------------------------- 05
+def nb05(ctx: Context) -> dict:
+    """Causal attention with and without rotating q and k by RoPE."""
+    from .positions import RotaryEmbedding
+
+    B, H, T, D = ctx.pick((2, 16, 4096, 128), (1, 2, 64, 16))
+    q, k, v = _inputs(ctx, *[(B, H, T, D)] * 3)
+    rope = RotaryEmbedding(D).to(ctx.device)
+    positions = torch.arange(T, device=ctx.device)
+    q_rot, k_rot = rope(q, positions), rope(k, positions)
+
+    def rotate():
+        return rope(q, positions), rope(k, positions)
+
+    calls = {"torch SDPA (q, k pre-rotated)": lambda: F.scaled_dot_product_attention(q_rot, k_rot, v, is_causal=True),
+             "RoPE + torch SDPA": lambda: F.scaled_dot_product_attention(*rotate(), v, is_causal=True),
+             "RoPE + selfattn_lite SDPA": lambda: _explicit(*rotate(), v, is_causal=True)}
+    half, full = bench.attention_flops(B, H, T, T, D, causal=True), bench.attention_flops(B, H, T, T, D)
+    flops = {"torch SDPA (q, k pre-rotated)": half, "RoPE + torch SDPA": half, "RoPE + selfattn_lite SDPA": full}
+    rotation = bench.time_stats(rotate, device=ctx.device, budget_s=ctx.budget_s)
+    return _run(ctx, calls, lambda: F.scaled_dot_product_attention(q_rot.float(), k_rot.float(), v.float(),
+                                                                   is_causal=True),
+                reference="torch SDPA (q, k pre-rotated)", flops=flops, compute=["RoPE + selfattn_lite SDPA"],
+                extra=dict(rotation_ms=1e3 * rotation.median))
+
+
+# --------------------------------------------------------------------------------------------- 06
+def nb06(ctx: Context) -> dict:
+    """One decode step's attention over a full KV cache (memory-bound: GB/s, not FLOP/s)."""
+    from .kv_cache import KVCache
+
+    B, H, S, D = ctx.pick((16, 32, 8192, 128), (2, 2, 128, 16))
+    q, k, v = _inputs(ctx, (B, H, 1, D), (B, H, S, D), (B, H, S, D))    # drawn on the device: no 4 GiB host copy
+    cache = KVCache(B, H, S, D, dtype=DTYPE, device=ctx.device)
+    k_all, v_all = cache.update(k, v)
+    del k, v
+    calls = {"torch SDPA": lambda: F.scaled_dot_product_attention(q, k_all, v_all),
+             "selfattn_lite (explicit)": lambda: _explicit(q, k_all, v_all)}
+    result = _run(ctx, calls, lambda: F.scaled_dot_product_attention(q.float(), k_all.float(), v_all.float()),
+                  reference="torch SDPA", flops=bench.attention_flops(B, H, 1, S, D),
+                  compute=["selfattn_lite (explicit)"])
+    read = 2 * B * H * S * D * k_all.element_size()
+    result["cache_read_bytes"] = read
+    result["sdpa_gb_per_s"] = read / (result["rows"][0]["seconds"]) / 1e9
+    return result
+
+
+# --------------------------------------------------------------------------------------------- 07, 09
+def _gqa(ctx: Context, B, Hq, Hkv, L, D, names: dict) -> dict:
+    q, k, v = _inputs(ctx, (B, Hq, L, D), (B, Hkv, L, D), (B, Hkv, L, D))
+    g = Hq // Hkv
+    impls = {"sdpa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
+             "repeat": lambda: F.scaled_dot_product_attention(q, k.repeat_interleave(g, dim=1),
+                                                              v.repeat_interleave(g, dim=1), is_causal=True),
+             "explicit": lambda: _explicit(q, k, v, is_causal=True, enable_gqa=True)}
+    calls = {names[key]: impls[key] for key in names}
+    half, full = bench.attention_flops(B, Hq, L, L, D, causal=True), bench.attention_flops(B, Hq, L, L, D)
+    flops = {names[key]: full if key == "explicit" else half for key in names}
+    return _run(ctx, calls, lambda: F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True,
+                                                                   enable_gqa=True),
+                reference=names["sdpa"], flops=flops, compute=[names["explicit"]],
+                extra=dict(sizes=dict(B=B, Hq=Hq, Hkv=Hkv, L=L, D=D)))
+
+
+def nb07(ctx: Context) -> dict:
+    """Causal GQA 32:8 (notebook 07's last cell)."""
+    B, Hq, Hkv, L, D = ctx.pick((4, 32, 8, 4096, 128), (1, 4, 2, 64, 16))
+    return _gqa(ctx, B, Hq, Hkv, L, D, {"sdpa": "torch SDPA (enable_gqa)", "explicit": "selfattn_lite (explicit)"})
+
+
+def nb09(ctx: Context) -> dict:
+    """GQA read directly vs copied with repeat_interleave (notebook 09's last cell)."""
+    B, H, T, D = ctx.pick((2, 16, 4096, 128), (1, 4, 64, 16))
+    return _gqa(ctx, B, H, H // 4, T, D, {"sdpa": "SDPA enable_gqa=True", "repeat": "repeat_interleave + SDPA",
+                                          "explicit": "selfattn_lite (explicit, gqa)"})
+
+
+# --------------------------------------------------------------------------------------------- 08
+def nb08(ctx: Context) -> dict:
+    """Notebook 08's benchmark: explicit, tiled and fused attention up to 16k tokens, time and memory."""
+    from . import bench_efficient
+
+    config = bench_efficient.default_config(ctx.device)
+    ns = ctx.pick(config["ns"], [64, 128])
+    B, H, D = ctx.pick((config["B"], config["H"], config["D"]), (1, 2, 16))
+    records = bench_efficient.measure(ns, B=B, H=H, D=D, dtype=DTYPE, device=ctx.device, budget_s=ctx.budget_s)
+    checks = {}
+    for n in (ns[0], ns[-1]):
+        q, k, v = bench_efficient.attention_inputs(B, H, n, D, dtype=DTYPE, device=ctx.device)
+        calls = bench_efficient.implementations(q, k, v)
+        with torch.no_grad():
+            ref32 = F.scaled_dot_product_attention(q.float(), k.float(), v.float())
+            try:
+                outputs = {name: fn() for name, fn in calls.items()}
+            except torch.cuda.OutOfMemoryError:
+                outputs = {name: fn() for name, fn in calls.items() if name != bench_efficient.EXPLICIT}
+            checks[str(n)] = _fp32_check(outputs, ref32)
+        del q, k, v, calls, ref32, outputs
+    return dict(records=records, config=dict(B=B, H=H, D=D, dtype="bfloat16", ns=ns),
+                fp32_check=dict(by_n=checks, passed=all(c["passed"] for c in checks.values())))
+
+
+# --------------------------------------------------------------------------------------------- 10
+def nb10(ctx: Context) -> dict:
+    """all-MiniLM-L6-v2's forward in bf16: fused SDPA vs explicit with weights."""
+    from . import explore
+
+    batch = ctx.pick(64, 2)
+    model32 = copy.deepcopy(explore.load_minilm()).to(ctx.device)
+    timed = copy.deepcopy(model32).to(dtype=DTYPE)
+    ids, padding, _ = explore.tokenize(["The cat sat on the mat because it was tired"] * batch)
+    ids, padding = ids.to(ctx.device), padding.to(ctx.device)
+    calls = {"encoder, fused SDPA": lambda: timed(ids, key_padding_mask=padding)[0],
+             "encoder, explicit + weights": lambda: timed(ids, key_padding_mask=padding, need_weights=True)[0]}
+    # six bf16 layers: the notebook's own tolerance (atol 0.1, rtol 0.05), not a per-op ulp bound
+    result = _run(ctx, calls, lambda: model32(ids, key_padding_mask=padding)[0], reference="encoder, fused SDPA",
+                  ulps=256, compare_kw=dict(atol=0.1, rtol=0.05))
+    return result

@@ -1,0 +1,15 @@
+"""Sections for tests/test_gpu_report.py: one that fails, one that hangs (targets "tests.gpu_report_helpers:...")."""
+
+import time
+
+
+def fails(ctx):
+    raise AssertionError("planted failure")
+
+
+def hangs(ctx):
+    time.sleep(600)
+
+
+def works(ctx):
+    return dict(device=str(ctx.device), tiny=ctx.tiny)
