@@ -775,6 +775,25 @@ def _launch_torchrun(fn, world_size: int, args) -> list:
             dist.destroy_process_group()
 
 
+def _raise_rank_errors(world_size: int, errors: dict, queue) -> None:
+    """Raise the most telling error of the failed ranks: one rank's ValueError makes its peers fail
+    with "connection closed", so collect what arrives in the next second and prefer the cause."""
+    deadline = time.monotonic() + 1.0
+    while time.monotonic() < deadline and len(errors) < world_size:
+        try:
+            rank, status, payload = queue.get(timeout=0.1)
+        except Exception:   # queue.Empty
+            continue
+        if status == "error":
+            errors[rank] = payload
+    value_errors = {r: tb for r, tb in errors.items() if tb.rstrip().splitlines()[-1].startswith("ValueError")}
+    rank, tb = min((value_errors or errors).items())
+    message = f"rank {rank} of {world_size} failed:\n{tb}"
+    if value_errors:
+        raise ValueError(tb.rstrip().splitlines()[-1].removeprefix("ValueError: ") + f"\n\n({message})")
+    raise RuntimeError(message)
+
+
 def launch(fn: Callable, world_size: int, *args, timeout: float = 120.0) -> list:
     """Run ``fn(*args)`` in ``world_size`` processes that form one process group; return their results.
 
@@ -796,8 +815,9 @@ def launch(fn: Callable, world_size: int, *args, timeout: float = 120.0) -> list
         [result of rank 0, result of rank 1, ...].
 
     Raises:
-        ValueError: fn not importable, or a bad world_size. RuntimeError: a rank failed (its
-        traceback is in the message) or the run timed out. No process is left running.
+        ValueError: fn not importable, a bad world_size, or a ValueError raised in a rank (bad
+        input: its message first, the rank's traceback after). RuntimeError: a rank failed otherwise
+        (its traceback is in the message) or the run timed out. No process is left running.
     """
     import torch.multiprocessing as mp
 
@@ -832,7 +852,7 @@ def launch(fn: Callable, world_size: int, *args, timeout: float = 120.0) -> list
                     raise RuntimeError(f"launch timed out after {timeout} s; ranks done: {sorted(results)}") from None
                 continue
             if status == "error":
-                raise RuntimeError(f"rank {rank} of {world_size} failed:\n{payload}")
+                _raise_rank_errors(world_size, {rank: payload}, queue)
             results[rank] = torch.load(io.BytesIO(payload), weights_only=True)
     finally:
         for p in processes:
@@ -955,4 +975,6 @@ def _self_check(world_size: int) -> None:
 if __name__ == "__main__":
     import sys
 
-    _self_check(int(os.environ.get("WORLD_SIZE", sys.argv[1] if len(sys.argv) > 1 else 2)))
+    from selfattn_lite.distributed import _self_check as check   # the importable module, not __main__
+
+    check(int(os.environ.get("WORLD_SIZE", sys.argv[1] if len(sys.argv) > 1 else 2)))
