@@ -975,6 +975,6 @@ def _self_check(world_size: int) -> None:
 if __name__ == "__main__":
     import sys
 
-    from selfattn_lite.distributed import _self_check as check   # the importable module, not __main__
+    from selfattn_lite.distributed import _self_check as check  # the importable module, not __main__
 
     check(int(os.environ.get("WORLD_SIZE", sys.argv[1] if len(sys.argv) > 1 else 2)))
