@@ -103,7 +103,7 @@ def test_causal_work_contiguous_is_unbalanced_and_zigzag_is_balanced(world):
 def test_ring_bytes_formula_for_even_lengths():
     for world in (2, 3, 4):
         L, N, d, b = 12 * world, 6, 8, 4
-        for r, row in enumerate(D.ring_bytes_per_rank(L, world, batch_heads=N, head_dim=d, itemsize=b)):
+        for row in D.ring_bytes_per_rank(L, world, batch_heads=N, head_dim=d, itemsize=b):
             assert row["kv"] == 2 * (world - 1) * (L // world) * N * d * b
             assert row["dkv"] == 2 * L * N * d * b                 # W hops of dK, dV
 
