@@ -673,7 +673,7 @@ def max_sequence_length(n_devices: int, gib_per_device: float, *, d_model: int, 
               only when N divides n_kv_heads, else None: heads cap Ulysses' degree.
 
     Returns:
-        {"single": L, "ring": L, "ulysses": L or None}, each rounded down to a multiple of 2N.
+        {"single": L, "ring": L, "ulysses": L or None}, rounded down to a multiple of 2N (single: of 2).
     """
     _positive_int("n_devices", n_devices)
     n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
@@ -692,7 +692,7 @@ def max_sequence_length(n_devices: int, gib_per_device: float, *, d_model: int, 
     ulysses = None
     if n_kv_heads % n == 0:
         ulysses = down(budget * n / (per_token + (2 * d_model + 2 * d_kv) * bytes_per_value))
-    return {"single": down(budget / per_token), "ring": down(ring), "ulysses": ulysses}
+    return {"single": int(budget / per_token) // 2 * 2, "ring": down(ring), "ulysses": ulysses}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -829,7 +829,12 @@ def launch(fn: Callable, world_size: int, *args, timeout: float = 120.0) -> list
     if _under_torchrun():
         return _launch_torchrun(fn, world_size, args)
     backend = _backend(world_size)
-    ctx = mp.get_context("spawn")
+    # forkserver (Linux, macOS): one server process imports torch and this module once, and every launch
+    # forks its ranks from it in a fraction of a second; spawn (elsewhere) imports torch in every rank.
+    method = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
+    ctx = mp.get_context(method)
+    if method == "forkserver":
+        ctx.set_forkserver_preload(["selfattn_lite.distributed"])
     queue = ctx.Queue()
     port = _free_port()
     processes = [ctx.Process(target=_run_rank, args=(fn, args, rank, world_size, port, backend, queue),
