@@ -146,6 +146,38 @@ def test_launch_rejects_a_function_spawn_cannot_import():
         D.launch(local, 2, 1)
 
 
+# ----------------------------------------------------------------------------- the ring widget and figure
+
+def test_ring_widget_steps_and_counts_work():
+    import matplotlib
+    matplotlib.use("Agg")
+    from selfattn_lite import viz
+
+    w = viz.RingWidget(4, layout="contiguous")
+    first = w.image.value
+    assert w.held == [0, 1, 2, 3] and w.renders == 1
+    w.step_slider.value = 3
+    assert w.held == [1, 2, 3, 0] and w.image.value != first and w.renders == 2
+    needed = w.L * (w.L + 1) // 2
+    assert (w.grid >= 0).sum() == needed                     # every causal score computed exactly once
+    assert w.work == [10 + 16 * r for r in range(4)]          # contiguous: r full 4 x 4 blocks + a triangle of 10
+    w.layout_choice.value = "zigzag"
+    assert w.work == [34, 34, 34, 34] and sum(w.work) == needed
+    w.world_slider.value = 3
+    assert w.step_slider.max == 2 and w.play.max == 2
+    w.causal.value = False
+    w.step_slider.value = 2
+    assert (w.grid >= 0).sum() == w.L ** 2
+
+
+def test_ring_schedule_figure_shows_skips_only_for_contiguous():
+    from selfattn_lite.figures.distributed import _share
+
+    assert [_share(0, s, 4, "contiguous") for s in (0, 1, 2, 3)] == [1.0, 0.0, 0.0, 0.0]
+    assert [_share(3, s, 4, "contiguous") for s in (0, 1, 2, 3)] == [1.0, 1.0, 1.0, 1.0]
+    assert [_share(1, s, 4, "zigzag") for s in (0, 1, 2, 3)] == [0.5, 0.75, 0.5, 0.5]
+
+
 # ----------------------------------------------------------------------------- real processes
 
 def _random_cases(rng, world, n, ranks=None, dtype=torch.float64, heads=4):
@@ -196,8 +228,53 @@ def _check_against_sdpa(cases, per_rank, tol):
                 assert p["backward"]["sent"]["all_to_all"] == formula[r]["backward"]
 
 
+def _descendants(pid=None):
+    """Pids of every process below this one (children, their children...), from /proc (Linux)."""
+    pid = os.getpid() if pid is None else pid
+    parents = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {p for p, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def _helpers():
+    """multiprocessing's own long-lived helpers: the forkserver the ranks fork from, the resource tracker."""
+    import multiprocessing.forkserver as forkserver
+    import multiprocessing.resource_tracker as resource_tracker
+    return {forkserver._forkserver._forkserver_pid, resource_tracker._resource_tracker._pid} - {None}
+
+
+_BEFORE: set = set()        # processes below us before this module ran (other tests' servers, say)
+
+
 def _no_children_left():
+    """Every rank has exited; nothing new is left below us but multiprocessing's two helpers."""
     assert multiprocessing.active_children() == []
+    if Path("/proc/self/stat").exists():
+        assert not _descendants() - _BEFORE - _helpers(), "a rank process is still running"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _stop_the_helpers_at_the_end():
+    if Path("/proc/self/stat").exists():
+        _BEFORE.update(_descendants())
+    yield
+    import multiprocessing.forkserver as forkserver
+    import multiprocessing.resource_tracker as resource_tracker
+    forkserver._forkserver._stop()
+    resource_tracker._resource_tracker._stop()
+    if Path("/proc/self/stat").exists():
+        left = _descendants() - _BEFORE
+        assert not left, f"processes left after the tests: {left}"
 
 
 def test_two_processes_ring_and_ulysses_equal_sdpa_with_gradients_and_counted_bytes():

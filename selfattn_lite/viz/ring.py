@@ -118,16 +118,21 @@ class RingWidget(HeatmapWidget):
         self.step_slider.max = self.play.max = self.world_slider.value - 1
 
     @property
+    def step(self) -> int:
+        """The step shown (kept below the number of ranks while the sliders catch up)."""
+        return min(self.step_slider.value, self.world_slider.value - 1)
+
+    @property
     def L(self) -> int:
         return 4 * self.world_slider.value
 
     @property
     def held(self) -> list[int]:
-        return ring_schedule(self.world_slider.value)[self.step_slider.value]
+        return ring_schedule(self.world_slider.value)[self.step]
 
     @property
     def grid(self) -> np.ndarray:
-        return ring_work(self.L, self.world_slider.value, self.step_slider.value, layout=self.layout_choice.value,
+        return ring_work(self.L, self.world_slider.value, self.step, layout=self.layout_choice.value,
                          is_causal=self.causal.value)
 
     @property
@@ -136,5 +141,5 @@ class RingWidget(HeatmapWidget):
         return [int(((grid >= 0) & (grid % w == r)).sum()) for r in range(w)]
 
     def draw(self, fig: Figure) -> None:
-        draw_ring_step(self.world_slider.value, self.step_slider.value, L=self.L, layout=self.layout_choice.value,
+        draw_ring_step(self.world_slider.value, self.step, L=self.L, layout=self.layout_choice.value,
                        is_causal=self.causal.value, fig=fig)
