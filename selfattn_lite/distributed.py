@@ -454,6 +454,8 @@ class _RingAttention(torch.autograd.Function):
                 counters.scores += (rows.stop - rows.start) * (cols.stop - cols.start)
             _wait(requests)
             # the gradients of block src travel on with it; after the last step they reach their owner
+            if world == 1:
+                break
             nxt = (rank - step - 1) % world
             dk_next, dv_next = (t.new_empty(*t.shape[:-2], lengths[nxt], t.shape[-1]) for t in (dk_blk, dv_blk))
             _wait(_exchange([(dk_blk, nxt_rank), (dv_blk, nxt_rank)],

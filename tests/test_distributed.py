@@ -216,16 +216,16 @@ def _check_against_sdpa(cases, per_rank, tol):
                                             itemsize=b)
             work = D.causal_work(L, world, layout=layout, is_causal=case["is_causal"])
             for r, p in enumerate(parts):
-                assert p["forward"]["sent"]["kv"] == formula[r]["kv"]
-                assert p["backward"]["sent"]["kv_bwd"] == formula[r]["kv_bwd"]
-                assert p["backward"]["sent"]["dkv"] == formula[r]["dkv"]
+                assert p["forward"]["sent"].get("kv", 0) == formula[r]["kv"]
+                assert p["backward"]["sent"].get("kv_bwd", 0) == formula[r]["kv_bwd"]
+                assert p["backward"]["sent"].get("dkv", 0) == formula[r]["dkv"]
                 assert p["forward"]["scores"] == work[r]
                 assert p["kv_bytes"] == B * h * D.shard_lengths(L, world, layout=layout)[r] * (E + Ev) * b
         else:
             formula = D.ulysses_bytes_per_rank(L, world, batch=B, heads=h, head_dim=E, value_dim=Ev, itemsize=b)
             for r, p in enumerate(parts):
-                assert p["forward"]["sent"]["all_to_all"] == formula[r]["forward"]
-                assert p["backward"]["sent"]["all_to_all"] == formula[r]["backward"]
+                assert p["forward"]["sent"].get("all_to_all", 0) == formula[r]["forward"]
+                assert p["backward"]["sent"].get("all_to_all", 0) == formula[r]["backward"]
 
 
 def _descendants(pid=None):
@@ -305,6 +305,14 @@ def test_four_processes_and_a_group_of_three():
     full_kv = case["k"].nbytes + case["v"].nbytes
     assert sum(r[0]["kv_bytes"] for r in per_rank) == full_kv
     assert all(r[0]["kv_bytes"] <= full_kv / 4 * 1.5 for r in per_rank)
+
+
+def test_one_process_is_plain_attention():
+    cases = _random_cases(random.Random(1), 1, 3)
+    per_rank = D.launch(D.attention_worker, 1, cases)
+    _check_against_sdpa(cases, per_rank, dict(atol=1e-10, rtol=1e-10))
+    assert all(not r["forward"]["sent"].get("kv") and not r["backward"]["sent"].get("dkv") for r in per_rank[0])
+    _no_children_left()
 
 
 def test_bad_input_in_the_ranks_raises_value_error_and_leaves_no_process():
