@@ -322,6 +322,34 @@ def test_bad_input_in_the_ranks_raises_value_error_and_leaves_no_process():
     _no_children_left()
 
 
+def test_a_failing_rank_raises_with_its_traceback_and_a_hung_one_times_out():
+    import time
+
+    with pytest.raises(RuntimeError, match=r"rank \d of 2 failed:[\s\S]*TypeError"):
+        D.launch(D.reset_counters, 2, "an argument it does not take")
+    _no_children_left()
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match="timed out after 1"):
+        D.launch(time.sleep, 2, 60, timeout=1.0)                  # both ranks sleep: stopped, not waited for
+    assert time.monotonic() - start < 30
+    _no_children_left()
+
+
+def test_peak_memory_of_a_rank_is_a_fraction_of_one_process():
+    from selfattn_lite import attention
+    from selfattn_lite.efficient import peak_memory
+
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 4, 256, 16, generator=gen) for _ in range(3))
+    case = dict(method="ring", q=q, k=k, v=v, grad=None, is_causal=False, measure_memory=True)
+    per_rank = D.launch(D.attention_worker, 2, [case])
+    explicit = peak_memory(lambda: attention.scaled_dot_product_attention(q, k, v))
+    block = (k.nbytes + v.nbytes) // 2                              # one rank's K/V block
+    for rank in per_rank:
+        assert block <= rank[0]["peak_bytes"] < explicit / 2       # receives a block; never the full score matrix
+    _no_children_left()
+
+
 @pytest.mark.skipif(sys.platform == "win32", reason="torchrun needs POSIX")
 def test_the_same_code_runs_under_torchrun():
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1"}
