@@ -202,7 +202,7 @@ def _check_against_sdpa(cases, per_rank, tol):
         parts = [per_rank[r][i] for r in ranks]
         world, layout = len(ranks), case["layout"]
         q, k, v = (case[n].clone().requires_grad_() for n in "qkv")
-        want = F.scaled_dot_product_attention(q, k, v, is_causal=case["is_causal"])
+        want = F.scaled_dot_product_attention(q, k, v, is_causal=case["is_causal"], enable_gqa=k.shape[1] != q.shape[1])
         want.backward(case["grad"])
         for name, ref in (("out", want), ("dq", q.grad), ("dk", k.grad), ("dv", v.grad)):
             torch.testing.assert_close(D.unshard([p[name] for p in parts], layout=layout), ref.detach(), **tol,
@@ -222,7 +222,8 @@ def _check_against_sdpa(cases, per_rank, tol):
                 assert p["forward"]["scores"] == work[r]
                 assert p["kv_bytes"] == B * h * D.shard_lengths(L, world, layout=layout)[r] * (E + Ev) * b
         else:
-            formula = D.ulysses_bytes_per_rank(L, world, batch=B, heads=h, head_dim=E, value_dim=Ev, itemsize=b)
+            formula = D.ulysses_bytes_per_rank(L, world, batch=B, heads=h, kv_heads=case["k"].shape[1], head_dim=E,
+                                               value_dim=Ev, itemsize=b)
             for r, p in enumerate(parts):
                 assert p["forward"]["sent"].get("all_to_all", 0) == formula[r]["forward"]
                 assert p["backward"]["sent"].get("all_to_all", 0) == formula[r]["backward"]
@@ -281,6 +282,10 @@ def test_two_processes_ring_and_ulysses_equal_sdpa_with_gradients_and_counted_by
     rng = random.Random(2)
     cases = _random_cases(rng, 2, 12)
     cases += _random_cases(rng, 2, 4, dtype=torch.float32)
+    gqa = _random_cases(rng, 2, 3, heads=4)[2]                       # Ulysses with 2 K/V heads for 4 query heads
+    assert gqa["method"] == "ulysses"
+    gqa.update(k=gqa["k"][:, :2].contiguous(), v=gqa["v"][:, :2].contiguous())
+    cases.append(gqa)
     assert {c["layout"] for c in cases} == set(D.LAYOUTS) and {c["method"] for c in cases} == {"ring", "ulysses"}
     assert any(c["q"].shape[-2] % 4 for c in cases)                  # uneven lengths are in
     per_rank = D.launch(D.attention_worker, 2, cases)
