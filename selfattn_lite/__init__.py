@@ -4,7 +4,8 @@ Self-attention written out in plain PyTorch: a transparent twin of torch's APIs 
 also returns what torch hides (the attention weights), checked against torch in tests.
 
 Modules: attention, masks, multihead, positions, kv_cache, efficient, graphs, models, viz,
-explore, bench, exercises, figures. The main names are importable from here.
+explore, bench, distributed, triton_attention, gpu_report, exercises, figures. The main names are
+importable from here.
 """
 
 from __future__ import annotations

@@ -1,0 +1,365 @@
+"""selfattn_lite.distributed: sharding, the log-sum-exp merge, formulas, and real multi-process runs
+(gloo processes on this CPU) of ring attention and Ulysses against single-process SDPA."""
+
+import multiprocessing
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given
+from hypothesis import strategies as st
+
+from selfattn_lite import distributed as D
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# ----------------------------------------------------------------------------- sharding (one process)
+
+def test_split_sizes_give_the_first_ranks_the_extra_rows():
+    assert D.split_sizes(10, 4) == [3, 3, 2, 2]
+    assert D.split_sizes(8, 4) == [2, 2, 2, 2]
+    assert D.shard_indices(10, 1, 3).tolist() == [4, 5, 6]
+    # zigzag: 2W = 6 chunks of [2, 2, 2, 2, 1, 1]; rank 1 holds chunks 1 and 4
+    assert D.shard_indices(10, 1, 3, layout="zigzag").tolist() == [2, 3, 8]
+    assert D.shard_indices(16, 0, 4, layout="zigzag").tolist() == [0, 1, 14, 15]
+
+
+@given(L=st.integers(1, 60), world=st.integers(1, 6), layout=st.sampled_from(D.LAYOUTS),
+       dim=st.sampled_from([0, 1, -1, -2]))
+def test_shard_then_unshard_is_the_identity(L, world, layout, dim):
+    if L < (world if layout == "contiguous" else 2 * world):
+        with pytest.raises(ValueError, match="cannot be cut"):
+            D.shard(torch.zeros(L), 0, world, layout=layout, dim=0)
+        return
+    shape = [3, 2, 4]
+    shape[dim] = L
+    x = torch.randn(shape)
+    parts = [D.shard(x, r, world, layout=layout, dim=dim) for r in range(world)]
+    assert [p.shape[dim] for p in parts] == D.shard_lengths(L, world, layout=layout)
+    lengths = [p.shape[dim] for p in parts]
+    assert max(lengths) - min(lengths) <= (1 if layout == "contiguous" else 2)
+    assert torch.equal(D.unshard(parts, layout=layout, dim=dim), x)
+    positions = torch.cat([D.shard_indices(L, r, world, layout=layout) for r in range(world)])
+    assert sorted(positions.tolist()) == list(range(L))          # every row exactly once
+
+
+def test_bad_sharding_inputs_raise_clear_errors():
+    with pytest.raises(ValueError, match="layout must be one of"):
+        D.shard(torch.zeros(4, 2), 0, 2, layout="striped")
+    with pytest.raises(ValueError, match="rank must be"):
+        D.shard(torch.zeros(4, 2), 2, 2)
+    with pytest.raises(ValueError, match="not a 'contiguous' split"):
+        D.unshard([torch.zeros(2, 3), torch.zeros(4, 3)])
+    with pytest.raises(ValueError, match="out of range"):
+        D.shard(torch.zeros(4, 2), 0, 2, dim=5)
+
+
+# ----------------------------------------------------------------------------- merge (one process)
+
+@given(L=st.integers(1, 9), S=st.integers(2, 12), cut=st.integers(1, 11), causal=st.booleans(),
+       dtype=st.sampled_from([torch.float32, torch.float64]))
+def test_merging_two_blocks_of_keys_is_attention_to_all(L, S, cut, causal, dtype):
+    cut = min(cut, S - 1)
+    gen = torch.Generator().manual_seed(L * 100 + S)
+    q, k, v = (torch.randn(2, n, 5, generator=gen, dtype=dtype) for n in (L, S, S))
+    mask = torch.ones(L, S, dtype=torch.bool).tril() if causal else None
+    scale = 5 ** -0.5
+    o1, l1 = D.block_attention(q, k[:, :cut], v[:, :cut], scale=scale, mask=None if mask is None else mask[:, :cut])
+    o2, l2 = D.block_attention(q, k[:, cut:], v[:, cut:], scale=scale, mask=None if mask is None else mask[:, cut:])
+    out, lse = D.merge_partials(o1, l1, o2, l2)
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, is_causal=causal))
+    scores = (q @ k.transpose(-2, -1) * scale).masked_fill(~mask if causal else torch.zeros(L, S, dtype=torch.bool),
+                                                           float("-inf"))
+    torch.testing.assert_close(lse, torch.logsumexp(scores, -1))
+
+
+def test_merge_of_two_empty_blocks_is_zero_not_nan():
+    ninf = torch.full((3,), float("-inf"))
+    out, lse = D.merge_partials(torch.zeros(3, 2), ninf, torch.zeros(3, 2), ninf)
+    assert torch.equal(out, torch.zeros(3, 2)) and torch.isneginf(lse).all()
+
+
+# ----------------------------------------------------------------------------- formulas (one process)
+
+@pytest.mark.parametrize("world", [2, 3, 4, 8])
+def test_causal_work_contiguous_is_unbalanced_and_zigzag_is_balanced(world):
+    c = 3                                               # rows per chunk; 2W chunks
+    L = 2 * world * c
+    contiguous = D.causal_work(L, world, layout="contiguous")
+    zigzag = D.causal_work(L, world, layout="zigzag")
+    # contiguous: rank r computes r + 1 blocks of (2c)^2 (its diagonal block in full, masked inside)
+    assert contiguous == [4 * c * c * (r + 1) for r in range(world)]
+    # zigzag: chunk tiles (a, b) with b <= a: (r + 1) for the early chunk, 2W - r for the late one
+    assert zigzag == [(2 * world + 1) * c * c] * world
+    assert D.causal_work(L, world, is_causal=False) == [L * L // world] * world
+
+
+def test_ring_bytes_formula_for_even_lengths():
+    for world in (2, 3, 4):
+        L, N, d, b = 12 * world, 6, 8, 4
+        for row in D.ring_bytes_per_rank(L, world, batch_heads=N, head_dim=d, itemsize=b):
+            assert row["kv"] == 2 * (world - 1) * (L // world) * N * d * b
+            assert row["dkv"] == 2 * L * N * d * b                 # W hops of dK, dV
+
+
+def test_ulysses_bytes_formula_for_even_lengths():
+    world, L, B, h, d, b = 4, 16, 2, 8, 8, 4
+    for row in D.ulysses_bytes_per_rank(L, world, batch=B, heads=h, head_dim=d, itemsize=b):
+        shard_bytes = B * h * (L // world) * d * b                  # one of q, k, v, out on one rank
+        assert row["forward"] == 4 * shard_bytes * (world - 1) // world
+        assert row["backward"] == row["forward"]
+
+
+def test_ring_schedule():
+    assert D.ring_schedule(3) == [[0, 1, 2], [2, 0, 1], [1, 2, 0]]
+
+
+def test_max_sequence_length_calculator():
+    kw = dict(d_model=4096, n_layers=32, n_heads=32, n_kv_heads=8)
+    one = D.max_sequence_length(1, 80, **kw)
+    eight = D.max_sequence_length(8, 80, **kw)
+    # single device: 80 GiB / (32 layers * (2*4096 + 2*1024) values * 2 bytes) tokens
+    assert one["single"] == int(80 * 2**30 / (32 * 10240 * 2)) // 2 * 2
+    assert 7.5 * one["ring"] < eight["ring"] <= 8 * one["ring"] + 16   # ring: linear in the devices
+    assert eight["ulysses"] is not None and D.max_sequence_length(16, 80, **kw)["ulysses"] is None   # 8 KV heads
+    assert eight["ring"] > eight["ulysses"]
+    with pytest.raises(ValueError, match="nothing left"):
+        D.max_sequence_length(2, 8, reserved_gib=9, **kw)
+
+
+def test_ring_attention_without_a_process_group_says_so():
+    q = torch.randn(1, 4, 8)
+    with pytest.raises(ValueError, match="no process group"):
+        D.ring_attention(q, q, q)
+
+
+def test_launch_rejects_a_function_spawn_cannot_import():
+    def local(x):
+        return x
+    with pytest.raises(ValueError, match="top level of an importable module"):
+        D.launch(local, 2, 1)
+
+
+# ----------------------------------------------------------------------------- the ring widget and figure
+
+def test_ring_widget_steps_and_counts_work():
+    import matplotlib
+    matplotlib.use("Agg")
+    from selfattn_lite import viz
+
+    w = viz.RingWidget(4, layout="contiguous")
+    first = w.image.value
+    assert w.held == [0, 1, 2, 3] and w.renders == 1
+    w.step_slider.value = 3
+    assert w.held == [1, 2, 3, 0] and w.image.value != first and w.renders == 2
+    needed = w.L * (w.L + 1) // 2
+    assert (w.grid >= 0).sum() == needed                     # every causal score computed exactly once
+    assert w.work == [10 + 16 * r for r in range(4)]          # contiguous: r full 4 x 4 blocks + a triangle of 10
+    w.layout_choice.value = "zigzag"
+    assert w.work == [34, 34, 34, 34] and sum(w.work) == needed
+    w.world_slider.value = 3
+    assert w.step_slider.max == 2 and w.play.max == 2
+    w.causal.value = False
+    w.step_slider.value = 2
+    assert (w.grid >= 0).sum() == w.L ** 2
+
+
+def test_ring_schedule_figure_shows_skips_only_for_contiguous():
+    from selfattn_lite.figures.distributed import _share
+
+    assert [_share(0, s, 4, "contiguous") for s in (0, 1, 2, 3)] == [1.0, 0.0, 0.0, 0.0]
+    assert [_share(3, s, 4, "contiguous") for s in (0, 1, 2, 3)] == [1.0, 1.0, 1.0, 1.0]
+    assert [_share(1, s, 4, "zigzag") for s in (0, 1, 2, 3)] == [0.5, 0.75, 0.5, 0.5]
+
+
+# ----------------------------------------------------------------------------- real processes
+
+def _random_cases(rng, world, n, ranks=None, dtype=torch.float64, heads=4):
+    """n cases with lengths nobody wrote down: at least 2W, usually not divisible by W or 2W."""
+    cases = []
+    for i in range(n):
+        L = rng.randint(2 * world, 6 * world + 5)
+        gen = torch.Generator().manual_seed(rng.randint(0, 10**6))
+        B, E, Ev = rng.randint(1, 2), rng.choice([4, 8]), rng.choice([4, 6])
+        q, k = (torch.randn(B, heads, L, E, generator=gen, dtype=dtype) for _ in range(2))
+        v, g = (torch.randn(B, heads, L, Ev, generator=gen, dtype=dtype) for _ in range(2))
+        method = "ulysses" if i % 3 == 2 and heads % world == 0 else "ring"
+        layout = "zigzag" if (i % 2 and method == "ring") else "contiguous"
+        cases.append(dict(method=method, q=q, k=k, v=v, grad=g, is_causal=bool(i % 4 < 2), layout=layout,
+                          ranks=ranks))
+    return cases
+
+
+def _check_against_sdpa(cases, per_rank, tol):
+    for i, case in enumerate(cases):
+        ranks = case["ranks"] or list(range(len(per_rank)))
+        parts = [per_rank[r][i] for r in ranks]
+        world, layout = len(ranks), case["layout"]
+        q, k, v = (case[n].clone().requires_grad_() for n in "qkv")
+        want = F.scaled_dot_product_attention(q, k, v, is_causal=case["is_causal"], enable_gqa=k.shape[1] != q.shape[1])
+        want.backward(case["grad"])
+        for name, ref in (("out", want), ("dq", q.grad), ("dk", k.grad), ("dv", v.grad)):
+            torch.testing.assert_close(D.unshard([p[name] for p in parts], layout=layout), ref.detach(), **tol,
+                                       msg=lambda m, n=name, c=case: f"{n} of {c['method']}, W={world}, "
+                                       f"L={c['q'].shape[-2]}, {c['layout']}, causal={c['is_causal']}: {m}")
+        # the bytes each rank sent, counted on the tensors it sent, against the formulas
+        B, h, L, E = case["q"].shape
+        Ev, b = case["v"].shape[-1], case["q"].element_size()
+        if case["method"] == "ring":
+            formula = D.ring_bytes_per_rank(L, world, layout=layout, batch_heads=B * h, head_dim=E, value_dim=Ev,
+                                            itemsize=b)
+            work = D.causal_work(L, world, layout=layout, is_causal=case["is_causal"])
+            for r, p in enumerate(parts):
+                assert p["forward"]["sent"].get("kv", 0) == formula[r]["kv"]
+                assert p["backward"]["sent"].get("kv_bwd", 0) == formula[r]["kv_bwd"]
+                assert p["backward"]["sent"].get("dkv", 0) == formula[r]["dkv"]
+                assert p["forward"]["scores"] == work[r]
+                assert p["kv_bytes"] == B * h * D.shard_lengths(L, world, layout=layout)[r] * (E + Ev) * b
+        else:
+            formula = D.ulysses_bytes_per_rank(L, world, batch=B, heads=h, kv_heads=case["k"].shape[1], head_dim=E,
+                                               value_dim=Ev, itemsize=b)
+            for r, p in enumerate(parts):
+                assert p["forward"]["sent"].get("all_to_all", 0) == formula[r]["forward"]
+                assert p["backward"]["sent"].get("all_to_all", 0) == formula[r]["backward"]
+
+
+def _descendants(pid=None):
+    """Pids of every process below this one (children, their children...), from /proc (Linux)."""
+    pid = os.getpid() if pid is None else pid
+    parents = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {p for p, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def _helpers():
+    """multiprocessing's own long-lived helpers: the forkserver the ranks fork from, the resource tracker."""
+    import multiprocessing.forkserver as forkserver
+    import multiprocessing.resource_tracker as resource_tracker
+    return {forkserver._forkserver._forkserver_pid, resource_tracker._resource_tracker._pid} - {None}
+
+
+_BEFORE: set = set()        # processes below us before this module ran (other tests' servers, say)
+
+
+def _no_children_left():
+    """Every rank has exited; nothing new is left below us but multiprocessing's two helpers."""
+    assert multiprocessing.active_children() == []
+    if Path("/proc/self/stat").exists():
+        assert not _descendants() - _BEFORE - _helpers(), "a rank process is still running"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _stop_the_helpers_at_the_end():
+    if Path("/proc/self/stat").exists():
+        _BEFORE.update(_descendants())
+    yield
+    import multiprocessing.forkserver as forkserver
+    import multiprocessing.resource_tracker as resource_tracker
+    forkserver._forkserver._stop()
+    resource_tracker._resource_tracker._stop()
+    if Path("/proc/self/stat").exists():
+        left = _descendants() - _BEFORE
+        assert not left, f"processes left after the tests: {left}"
+
+
+def test_two_processes_ring_and_ulysses_equal_sdpa_with_gradients_and_counted_bytes():
+    rng = random.Random(2)
+    cases = _random_cases(rng, 2, 12)
+    cases += _random_cases(rng, 2, 4, dtype=torch.float32)
+    gqa = _random_cases(rng, 2, 3, heads=4)[2]                       # Ulysses with 2 K/V heads for 4 query heads
+    assert gqa["method"] == "ulysses"
+    gqa.update(k=gqa["k"][:, :2].contiguous(), v=gqa["v"][:, :2].contiguous())
+    cases.append(gqa)
+    assert {c["layout"] for c in cases} == set(D.LAYOUTS) and {c["method"] for c in cases} == {"ring", "ulysses"}
+    assert any(c["q"].shape[-2] % 4 for c in cases)                  # uneven lengths are in
+    per_rank = D.launch(D.attention_worker, 2, cases)
+    _no_children_left()
+    _check_against_sdpa([c for c in cases if c["q"].dtype == torch.float64],
+                        [[r for r, c in zip(rank, cases) if c["q"].dtype == torch.float64] for rank in per_rank],
+                        dict(atol=1e-10, rtol=1e-10))
+    _check_against_sdpa([c for c in cases if c["q"].dtype == torch.float32],
+                        [[r for r, c in zip(rank, cases) if c["q"].dtype == torch.float32] for rank in per_rank],
+                        dict(atol=2e-5, rtol=2e-5))
+
+
+def test_four_processes_and_a_group_of_three():
+    rng = random.Random(4)
+    cases = _random_cases(rng, 4, 6) + _random_cases(rng, 3, 4, ranks=[0, 1, 3], heads=6)
+    per_rank = D.launch(D.attention_worker, 4, cases)
+    _no_children_left()
+    assert per_rank[2][-1] is None                                    # rank 2 is not in the group of three
+    _check_against_sdpa(cases, per_rank, dict(atol=1e-10, rtol=1e-10))
+    # memory: each rank holds its 1/W share of K/V (measured on the tensors it holds)
+    case = cases[0]
+    full_kv = case["k"].nbytes + case["v"].nbytes
+    assert sum(r[0]["kv_bytes"] for r in per_rank) == full_kv
+    assert all(r[0]["kv_bytes"] <= full_kv / 4 * 1.5 for r in per_rank)
+
+
+def test_one_process_is_plain_attention():
+    cases = _random_cases(random.Random(1), 1, 3)
+    per_rank = D.launch(D.attention_worker, 1, cases)
+    _check_against_sdpa(cases, per_rank, dict(atol=1e-10, rtol=1e-10))
+    assert all(not r["forward"]["sent"].get("kv") and not r["backward"]["sent"].get("dkv") for r in per_rank[0])
+    _no_children_left()
+
+
+def test_bad_input_in_the_ranks_raises_value_error_and_leaves_no_process():
+    q = torch.randn(1, 3, 8, 4)                                        # 3 heads over 2 ranks
+    with pytest.raises(ValueError, match="divisible by 2"):
+        D.launch(D.attention_worker, 2, [dict(method="ulysses", q=q, k=q, v=q, grad=None)])
+    _no_children_left()
+
+
+def test_a_failing_rank_raises_with_its_traceback_and_a_hung_one_times_out():
+    import time
+
+    with pytest.raises(RuntimeError, match=r"rank \d of 2 failed:[\s\S]*TypeError"):
+        D.launch(D.reset_counters, 2, "an argument it does not take")
+    _no_children_left()
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match="timed out after 1"):
+        D.launch(time.sleep, 2, 60, timeout=1.0)                  # both ranks sleep: stopped, not waited for
+    assert time.monotonic() - start < 30
+    _no_children_left()
+
+
+def test_peak_memory_of_a_rank_is_a_fraction_of_one_process():
+    from selfattn_lite import attention
+    from selfattn_lite.efficient import peak_memory
+
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 4, 256, 16, generator=gen) for _ in range(3))
+    case = dict(method="ring", q=q, k=k, v=v, grad=None, is_causal=False, measure_memory=True)
+    per_rank = D.launch(D.attention_worker, 2, [case])
+    explicit = peak_memory(lambda: attention.scaled_dot_product_attention(q, k, v))
+    block = (k.nbytes + v.nbytes) // 2                              # one rank's K/V block
+    for rank in per_rank:
+        assert block <= rank[0]["peak_bytes"] < explicit / 2       # receives a block; never the full score matrix
+    _no_children_left()
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="torchrun needs POSIX")
+def test_the_same_code_runs_under_torchrun():
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1"}
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                          "--master-port", str(D._free_port()), "-m", "selfattn_lite.distributed"],
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "equal to single-process SDPA" in run.stdout

@@ -1,0 +1,106 @@
+"""Checkers of notebook 14: right answers pass, typical wrong answers get the right diagnosis."""
+
+import pytest
+import torch
+
+from selfattn_lite.exercises import ExerciseError, nb14
+
+
+def stub(*args, **kwargs):
+    raise NotImplementedError
+
+
+def expect_error(check, fn, fragment):
+    with pytest.raises(ExerciseError) as info:
+        check(fn)
+    assert fragment in str(info.value), str(info.value)
+
+
+# ----------------------------------------------------------------------------- merge_partials
+
+def merge_right(o1, l1, o2, l2):
+    lse = torch.logaddexp(l1, l2)
+    return o1 * torch.exp(l1 - lse).unsqueeze(-1) + o2 * torch.exp(l2 - lse).unsqueeze(-1), lse
+
+
+def test_merge_partials_right_and_not_attempted(capsys):
+    nb14.check_merge_partials(merge_right)
+    assert capsys.readouterr().out.startswith("Correct")
+    nb14.check_merge_partials(stub)
+    assert capsys.readouterr().out.startswith("Not attempted")
+
+
+def _with_lse(out_fn):
+    return lambda o1, l1, o2, l2: (out_fn(o1, l1, o2, l2), torch.logaddexp(l1, l2))
+
+
+@pytest.mark.parametrize("wrong,fragment", [
+    (_with_lse(lambda o1, l1, o2, l2: (o1 + o2) / 2), "averaging"),
+    (lambda o1, l1, o2, l2: (merge_right(o1, l1, o2, l2)[0], torch.maximum(l1, l2)), "larger of the two"),
+    (lambda o1, l1, o2, l2: (merge_right(o1, l1, o2, l2)[0], l1 + l2), "NaN or inf"),   # -inf + finite
+    (_with_lse(lambda o1, l1, o2, l2: o1 * torch.exp(l1).unsqueeze(-1) + o2 * torch.exp(l2).unsqueeze(-1)),
+     "not normalised"),
+    (_with_lse(lambda o1, l1, o2, l2: o1 * torch.exp(l2 - torch.logaddexp(l1, l2)).unsqueeze(-1)
+               + o2 * torch.exp(l1 - torch.logaddexp(l1, l2)).unsqueeze(-1)), "swapped"),
+    (lambda o1, l1, o2, l2: (o1 * torch.exp(l1 - torch.maximum(l1, l2)).unsqueeze(-1), torch.logaddexp(l1, l2)),
+     "attention to all keys"),
+    (lambda o1, l1, o2, l2: (o1 + 0 * l2.unsqueeze(-1), torch.logaddexp(l1, l2)), "NaN or inf"),
+    (lambda o1, l1, o2, l2: merge_right(o1, l1, o2, l2)[0], "pair (out, lse)"),
+    (lambda o1, l1, o2, l2: (merge_right(o1, l1, o2, l2)[0][0], torch.logaddexp(l1, l2)), "shape"),
+])
+def test_merge_partials_diagnoses(wrong, fragment):
+    expect_error(nb14.check_merge_partials, wrong, fragment)
+
+
+def test_merge_partials_sum_of_lse_is_named():
+    def add_lse(o1, l1, o2, l2):             # finite everywhere, but lse1 + lse2
+        out, lse = merge_right(o1, l1, o2, l2)
+        return out, torch.where(torch.isfinite(l1 + l2), l1 + l2, lse)
+    with pytest.raises(ExerciseError) as info:
+        nb14.check_merge_partials(add_lse)
+    assert "lse" in str(info.value)
+
+
+# ----------------------------------------------------------------------------- zigzag_indices
+
+def zigzag_right(L, rank, world):
+    parts = 2 * world
+    sizes = [L // parts + (1 if p < L % parts else 0) for p in range(parts)]
+    starts = [sum(sizes[:p]) for p in range(parts + 1)]
+    return [*range(starts[rank], starts[rank + 1]),
+            *range(starts[parts - 1 - rank], starts[parts - rank])]
+
+
+def test_zigzag_right_and_not_attempted(capsys):
+    nb14.check_zigzag_indices(zigzag_right)
+    assert capsys.readouterr().out.startswith("Correct")
+    nb14.check_zigzag_indices(lambda L, r, w: torch.tensor(zigzag_right(L, r, w)))   # a tensor is fine too
+    assert capsys.readouterr().out.startswith("Correct")
+    nb14.check_zigzag_indices(stub)
+    assert capsys.readouterr().out.startswith("Not attempted")
+
+
+def contiguous(L, rank, world):
+    sizes = [L // world + (1 if p < L % world else 0) for p in range(world)]
+    return list(range(sum(sizes[:rank]), sum(sizes[:rank + 1])))
+
+
+def chunks(L, rank, world, partner):
+    parts = 2 * world
+    sizes = [L // parts + (1 if p < L % parts else 0) for p in range(parts)]
+    starts = [sum(sizes[:p]) for p in range(parts + 1)]
+    c = partner(rank, world)
+    return [*range(starts[rank], starts[rank + 1]), *range(starts[c], starts[c + 1])]
+
+
+@pytest.mark.parametrize("wrong,fragment", [
+    (contiguous, "contiguous split"),
+    (lambda L, r, w: zigzag_right(L, r, w)[::-1], "wrong order"),
+    (lambda L, r, w: chunks(L, r, w, lambda r, w: w + r), "W + r"),
+    (lambda L, r, w: chunks(L, r, w, lambda r, w: min(2 * w - r, 2 * w - 1)), "off by one"),
+    (lambda L, r, w: [*range(r * (L // (2 * w)), (r + 1) * (L // (2 * w))),
+                      *range((2 * w - 1 - r) * (L // (2 * w)), (2 * w - r) * (L // (2 * w)))], "not divisible"),
+    (lambda L, r, w: [0, 1], "expected"),
+])
+def test_zigzag_diagnoses(wrong, fragment):
+    expect_error(nb14.check_zigzag_indices, wrong, fragment)
