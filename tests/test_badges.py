@@ -1,0 +1,89 @@
+"""Binder and Colab badges: idempotent insertion, and a Colab-only install cell that does nothing elsewhere."""
+
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from selfattn_lite import badges
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+
+
+def _notebook():
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_markdown_cell("# 07 · A title\n\n**What you will learn**\n- x"),
+                nbformat.v4.new_code_cell("import torch")]
+    return nb
+
+
+def test_badges_go_under_the_title_and_are_idempotent():
+    once = badges.add_badges(_notebook(), "07_x.ipynb")
+    first = once.cells[0].source.split("\n")
+    assert first[0] == "# 07 · A title"
+    assert first[1] == badges.badge_line("07_x.ipynb") and first[2] == ""
+    assert f"{badges.REPO}" in first[1] and "mybinder.org" in first[1] and "colab.research.google.com" in first[1]
+    assert "notebooks/07_x.ipynb" in badges.binder_url("07_x.ipynb")
+    assert once.cells[1].cell_type == "code" and once.cells[1].source == badges.COLAB_SETUP
+    assert once.cells[2].source == "import torch"
+    twice = badges.add_badges(once, "07_x.ipynb")
+    assert twice == once
+    assert badges.has_badges(twice, "07_x.ipynb") and not badges.has_badges(_notebook(), "07_x.ipynb")
+    nbformat.validate(twice)
+
+
+def test_apply_writes_only_what_changed(tmp_path):
+    nbformat.write(_notebook(), tmp_path / "07_x.ipynb")
+    assert badges.apply(tmp_path) == [tmp_path / "07_x.ipynb"]
+    assert badges.apply(tmp_path) == []
+
+
+def test_first_cell_must_be_the_title():
+    nb = _notebook()
+    nb.cells[0] = nbformat.v4.new_code_cell("x = 1")
+    with pytest.raises(ValueError, match="first cell must be markdown"):
+        badges.add_badges(nb, "07_x.ipynb")
+
+
+def test_badges_become_text_links_for_the_offline_site():
+    line = badges.badge_line("07_x.ipynb")
+    text = badges.as_text_links(line)
+    assert "badge" not in text and "<!--" not in text
+    assert f"[Launch on Binder]({badges.binder_url('07_x.ipynb')})" in text
+
+
+def _run_setup_cell(monkeypatch, in_colab: bool):
+    calls = []
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: calls.append((a, k)))
+    if in_colab:
+        monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("google.colab"))
+    else:
+        monkeypatch.delitem(sys.modules, "google.colab", raising=False)
+    exec(compile(badges.COLAB_SETUP, "colab-setup", "exec"), {})
+    return calls
+
+
+def test_setup_cell_installs_the_package_in_colab(monkeypatch, capsys):
+    calls = _run_setup_cell(monkeypatch, in_colab=True)
+    assert len(calls) == 1
+    (argv,), kwargs = calls[0]
+    assert argv[:4] == [sys.executable, "-m", "pip", "install"]
+    assert argv[-1].startswith("selfattn-lite[explore] @ git+https://github.com/" + badges.REPO)
+    assert kwargs == {"check": True}
+
+
+def test_setup_cell_does_nothing_elsewhere(monkeypatch, capsys):
+    assert _run_setup_cell(monkeypatch, in_colab=False) == []
+    assert capsys.readouterr() == ("", "")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_every_notebook_has_its_badges(path):
+    """Fails until `make badges` has been run on the notebooks and they are re-executed."""
+    nb = nbformat.read(path, as_version=4)
+    assert badges.has_badges(nb, path.name), f"{path.name}: run `make badges` (then re-execute the notebook)"
+    assert nb.cells[1].outputs == [], f"{path.name}: the Colab setup cell prints nothing outside Colab"
