@@ -4,6 +4,10 @@
 #   make student  write student notebooks (solutions removed) to student/
 #   make figures  regenerate figures/ from the package
 #   make notebooks  re-execute every notebook in place (after changing code)
+#   make assignments  nbgrader course in assignments/ (source/ with grading metadata, release/)
+#   make site     the course as an offline static website in _site/html (open index.html)
+#   make explorer the live attention explorer as a Voila app
+#   make badges   Binder/Colab badges and the Colab install cell in every notebook (then make notebooks)
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -19,7 +23,7 @@ PYTEST_ARGS ?=
 # Idle OpenMP threads sleep instead of spinning: fair timings on a shared or busy CPU.
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: install lab test student figures notebooks clean
+.PHONY: install lab test student figures notebooks assignments site explorer badges clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -47,5 +51,17 @@ notebooks: install
 	cd notebooks && for nb in [0-9][0-9]_*.ipynb; do \
 		../$(PY) -m jupyter nbconvert --to notebook --execute --inplace "$$nb" || exit 1; done
 
+assignments: install
+	$(PY) -m selfattn_lite.assignments notebooks assignments
+
+site: install
+	$(PY) -m selfattn_lite.site _site
+
+explorer: install
+	$(PY) -m voila apps/explorer.ipynb $(LAB_ARGS)
+
+badges: install
+	$(PY) -m selfattn_lite.badges notebooks
+
 clean:
-	rm -rf $(VENV) student .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) student assignments _site .pytest_cache .ruff_cache .hypothesis
