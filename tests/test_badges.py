@@ -87,3 +87,8 @@ def test_every_notebook_has_its_badges(path):
     nb = nbformat.read(path, as_version=4)
     assert badges.has_badges(nb, path.name), f"{path.name}: run `make badges` (then re-execute the notebook)"
     assert nb.cells[1].outputs == [], f"{path.name}: the Colab setup cell prints nothing outside Colab"
+
+
+def test_readme_badge_points_at_the_same_repository():
+    readme = (ROOT / "README.md").read_text()
+    assert f"https://mybinder.org/v2/gh/{badges.REPO}/{badges.BRANCH}" in readme
