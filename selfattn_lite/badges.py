@@ -33,15 +33,22 @@ COLAB_BADGE = "https://colab.research.google.com/assets/colab-badge.svg"
 BADGE_MARK = "<!-- badges -->"
 SETUP_TAG = "colab-setup"
 
-# The first code cell. Colab has neither the package nor the shipped model: install them from the
-# repository there; elsewhere (make lab, Binder, a laptop) the condition is False and nothing runs.
+COLAB_DIR = "/content/selfattn-course"
+
+# The first code cell. Colab opens one notebook alone: fetch the repository (the package, and the
+# figures/ the notebooks read next to notebooks/), install the package, and work from notebooks/ as
+# in the repository. Elsewhere (make lab, Binder, a laptop) the condition is False: nothing runs.
 COLAB_SETUP = f'''import sys
 
-if "google.colab" in sys.modules:   # only in Google Colab: install the course package (about a minute)
+if "google.colab" in sys.modules:   # only in Google Colab: fetch the course and install its package
+    import os
     import subprocess
 
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet",
-                    "selfattn-lite[explore] @ git+https://github.com/{REPO}@{BRANCH}"], check=True)'''
+    if not os.path.isdir("{COLAB_DIR}"):
+        subprocess.run(["git", "clone", "--quiet", "--depth", "1", "--branch", "{BRANCH}",
+                        "https://github.com/{REPO}", "{COLAB_DIR}"], check=True)
+        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "{COLAB_DIR}[explore]"], check=True)
+    os.chdir("{COLAB_DIR}/notebooks")'''
 
 
 def binder_url(name: str) -> str:

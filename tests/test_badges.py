@@ -56,9 +56,14 @@ def test_badges_become_text_links_for_the_offline_site():
     assert f"[Launch on Binder]({badges.binder_url('07_x.ipynb')})" in text
 
 
-def _run_setup_cell(monkeypatch, in_colab: bool):
+def _run_setup_cell(monkeypatch, in_colab: bool, cloned: bool = False):
+    import os
+
     calls = []
-    monkeypatch.setattr(subprocess, "run", lambda *a, **k: calls.append((a, k)))
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: calls.append(("run", a, k)))
+    monkeypatch.setattr(os, "chdir", lambda path: calls.append(("chdir", path)))
+    real_isdir = os.path.isdir
+    monkeypatch.setattr(os.path, "isdir", lambda p: cloned if p == badges.COLAB_DIR else real_isdir(p))
     if in_colab:
         monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("google.colab"))
     else:
@@ -67,13 +72,20 @@ def _run_setup_cell(monkeypatch, in_colab: bool):
     return calls
 
 
-def test_setup_cell_installs_the_package_in_colab(monkeypatch, capsys):
+def test_setup_cell_fetches_and_installs_the_course_in_colab(monkeypatch):
     calls = _run_setup_cell(monkeypatch, in_colab=True)
-    assert len(calls) == 1
-    (argv,), kwargs = calls[0]
-    assert argv[:4] == [sys.executable, "-m", "pip", "install"]
-    assert argv[-1].startswith("selfattn-lite[explore] @ git+https://github.com/" + badges.REPO)
-    assert kwargs == {"check": True}
+    assert [c[0] for c in calls] == ["run", "run", "chdir"]
+    clone, install = calls[0][1][0], calls[1][1][0]
+    assert clone[:2] == ["git", "clone"] and f"https://github.com/{badges.REPO}" in clone
+    assert clone[-1] == badges.COLAB_DIR
+    assert install[:4] == [sys.executable, "-m", "pip", "install"]
+    assert install[-1] == f"{badges.COLAB_DIR}[explore]"
+    assert calls[0][2] == calls[1][2] == {"check": True}
+    assert calls[2] == ("chdir", f"{badges.COLAB_DIR}/notebooks")
+
+
+def test_setup_cell_run_again_in_colab_only_changes_folder(monkeypatch):
+    assert _run_setup_cell(monkeypatch, in_colab=True, cloned=True) == [("chdir", f"{badges.COLAB_DIR}/notebooks")]
 
 
 def test_setup_cell_does_nothing_elsewhere(monkeypatch, capsys):
