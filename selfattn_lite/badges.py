@@ -47,7 +47,8 @@ if "google.colab" in sys.modules:   # only in Google Colab: fetch the course and
     if not os.path.isdir("{COLAB_DIR}"):
         subprocess.run(["git", "clone", "--quiet", "--depth", "1", "--branch", "{BRANCH}",
                         "https://github.com/{REPO}", "{COLAB_DIR}"], check=True)
-        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "{COLAB_DIR}[explore]"], check=True)
+        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "{COLAB_DIR}[explore]"],
+                       check=True)
     os.chdir("{COLAB_DIR}/notebooks")'''
 
 
