@@ -5,6 +5,10 @@
 #   make figures  regenerate figures/ from the package
 #   make notebooks  re-execute every notebook in place (after changing code)
 #   make gpu-report  time and check everything on a CUDA GPU into figures/gpu/ (~6 min; a dry run without one)
+#   make assignments  nbgrader course in assignments/ (source/ with grading metadata, release/)
+#   make site     the course as an offline static website in _site/html (open index.html)
+#   make explorer the live attention explorer as a Voila app
+#   make badges   Binder/Colab badges and the Colab install cell in every notebook (then make notebooks)
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -20,7 +24,7 @@ PYTEST_ARGS ?=
 # Idle OpenMP threads sleep instead of spinning: fair timings on a shared or busy CPU.
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: install lab test student figures notebooks gpu-report clean
+.PHONY: install lab test student figures notebooks gpu-report assignments site explorer badges clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -51,5 +55,17 @@ notebooks: install
 gpu-report: install
 	$(PY) -m selfattn_lite.gpu_report --out figures/gpu $(GPU_REPORT_ARGS)
 
+assignments: install
+	$(PY) -m selfattn_lite.assignments notebooks assignments
+
+site: install
+	$(PY) -m selfattn_lite.site _site
+
+explorer: install
+	$(PY) -m voila apps/explorer.ipynb $(LAB_ARGS)
+
+badges: install
+	$(PY) -m selfattn_lite.badges notebooks
+
 clean:
-	rm -rf $(VENV) student .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) student assignments _site .pytest_cache .ruff_cache .hypothesis

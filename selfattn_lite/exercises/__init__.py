@@ -13,7 +13,9 @@ from collections.abc import Callable
 
 import torch
 
-__all__ = ["ExerciseError", "NotAttempted", "attempt", "passed", "close", "not_attempted"]
+__all__ = ["ExerciseError", "NotAttempted", "attempt", "passed", "close", "not_attempted", "graded"]
+
+_GRADING = False   # True while ``graded`` runs a checker: a stub then fails instead of printing
 
 
 class ExerciseError(AssertionError):
@@ -33,8 +35,29 @@ def attempt(fn: Callable, *args, **kwargs):
 
 
 def not_attempted(name: str) -> None:
-    """Say that the exercise is still a stub (no exception: a student notebook runs to the end)."""
-    print(f"Not attempted yet: fill in `{name}` above (replace `raise NotImplementedError`) and run this cell again.")
+    """Say that the exercise is still a stub (no exception: a student notebook runs to the end).
+
+    Inside ``graded`` the same words are raised as ``ExerciseError``: an unanswered exercise scores 0.
+    """
+    message = (f"Not attempted yet: fill in `{name}` above (replace `raise NotImplementedError`) "
+               "and run this cell again.")
+    if _GRADING:
+        raise ExerciseError(message)
+    print(message)
+
+
+def graded(check: Callable, *args, **kwargs) -> None:
+    """Run a checker as the autograder does: like ``check(*args)``, but a stub raises ExerciseError.
+
+    The nbgrader assignments (``selfattn_lite.assignments``) call it in their hidden tests, so a
+    learner sees "Not attempted yet" while working and the grader gives an untouched exercise 0 points.
+    """
+    global _GRADING
+    previous, _GRADING = _GRADING, True
+    try:
+        check(*args, **kwargs)
+    finally:
+        _GRADING = previous
 
 
 def passed(message: str) -> None:

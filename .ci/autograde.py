@@ -1,0 +1,166 @@
+"""CI: nbgrader's own autograde on the course's assignments, as a teacher would run it.
+
+    .venv/bin/python .ci/autograde.py [WORKDIR]
+
+Builds the nbgrader course from notebooks/ (``selfattn_lite.assignments``), then submits, for
+every numbered notebook,
+
+* ``solutions``: the release notebook with every answer cell filled in from the source: full marks;
+* ``blank``: the release notebook untouched: zero;
+* ``planted`` (the notebooks in PLANTED): the solutions with classic mistakes planted in some
+  answers (missing scale, flipped mask, sums not rescaled...): partial marks, and nbgrader's
+  generated feedback shows the checker's message naming each mistake.
+
+Autograding runs in two worker processes (two course copies, two gradebooks), so the 2-core CI
+machine executes two notebooks at a time. Prints a table of scores and the time taken; exits 1
+on any unexpected score.
+"""
+
+from __future__ import annotations
+
+import html
+import os
+import shutil
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import nbformat
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from selfattn_lite import assignments  # noqa: E402
+
+# notebook stem -> [(answer cell's grade_id, text in its solution, replacement, checker message expected)]
+PLANTED = {
+    "01_scaled_dot_product_attention": [
+        ("answer_2", " / math.sqrt(q.shape[-1])", "",
+         "the weights match softmax(Q K^T) without scaling: divide the scores by sqrt(dk)"),
+    ],
+    "03_masks_and_cross_attention": [
+        ("answer_2", "return torch.ones(", "return ~torch.ones(", "the polarity is flipped"),
+        ("answer_3", "dim=-1", "dim=0", "softmax ran over the queries (dim=0)"),
+    ],
+    "08_efficient_attention": [
+        ("answer_1", "l1 * torch.exp(m1 - m) + l2 * torch.exp(m2 - m)", "l1 + l2",
+         "l = l1 + l2 adds sums taken against different maxima"),
+    ],
+}
+STUDENTS = ("solutions", "blank", "planted")
+
+
+def _answers(nb) -> dict:
+    return {c.metadata["nbgrader"]["grade_id"]: c for c in nb.cells
+            if c.metadata.get("nbgrader", {}).get("solution")}
+
+
+def submit(course: Path, stem: str) -> list[str]:
+    """Write submitted/<student>/<stem>/ for each student; return the students who submitted."""
+    source = nbformat.read(course / "source" / stem / f"{stem}.ipynb", as_version=4)
+    release_dir = course / "release" / stem
+    solved = {gid: assignments.solution_source(c.source) for gid, c in _answers(source).items()}
+    students = []
+    for student in STUDENTS:
+        if student == "planted" and stem not in PLANTED:
+            continue
+        folder = course / "submitted" / student / stem
+        shutil.copytree(release_dir, folder)
+        nb = nbformat.read(folder / f"{stem}.ipynb", as_version=4)
+        if student != "blank":
+            answers = _answers(nb)
+            for gid, code in solved.items():
+                answers[gid].source = code
+            for gid, old, new, _ in PLANTED.get(stem, []) if student == "planted" else []:
+                if old not in answers[gid].source:
+                    raise RuntimeError(f"{stem} {gid}: cannot plant the mistake, {old!r} not in the solution")
+                answers[gid].source = answers[gid].source.replace(old, new, 1)
+        nbformat.write(nb, folder / f"{stem}.ipynb")
+        students.append(student)
+    return students
+
+
+def grade(course: str, stems: list[str]) -> dict:
+    """Autograde and generate feedback for ``stems`` in one course copy; {(stem, student): (score, max, html)}."""
+    import warnings
+
+    warnings.filterwarnings("ignore", module="nbgrader")       # SQLAlchemy's notes on nbgrader's sessions
+    warnings.filterwarnings("ignore", message=".*not in session.*")
+    course = Path(course)
+    grader = assignments.api(course)
+    results = {}
+    for stem in stems:
+        students = submit(course, stem)
+        for student in students:
+            assignments.run(grader.autograde(stem, student, force=True), f"autograde {stem} {student}")
+        assignments.run(grader.generate_feedback(stem, force=True), f"generate_feedback {stem}")
+        with grader.gradebook as gb:
+            for student in students:
+                submission = gb.find_submission(stem, student)
+                feedback = course / "feedback" / student / stem / f"{stem}.html"
+                results[(stem, student)] = (submission.score, submission.max_score, feedback.read_text())
+    return results
+
+
+def main(work: Path) -> int:
+    start = time.perf_counter()
+    course = work / "course"
+    assignments.generate(ROOT / "notebooks", course)
+    stems = sorted(p.name for p in (course / "release").iterdir())
+    only = [s for s in os.environ.get("AUTOGRADE_ONLY", "").split(",") if s]   # e.g. AUTOGRADE_ONLY=01,03
+    stems = [stem for stem in stems if not only or stem[:2] in only]
+    built = time.perf_counter() - start
+    # two workers, each with its own copy of the course and gradebook; the slowest notebooks spread out
+    halves = [stems[0::2], stems[1::2]]
+    copies = []
+    for i, half in enumerate(halves):
+        copy = work / f"worker{i}"
+        shutil.copytree(course, copy)
+        copies.append((str(copy), half))
+    with ProcessPoolExecutor(max_workers=2) as pool:
+        results = {}
+        for part in pool.map(grade, *zip(*copies)):
+            results.update(part)
+    failures, bad = [], set()
+
+    def fail(stem, student, message):
+        failures.append(f"{stem} ({student}): {message}")
+        bad.add((stem, student))
+
+    print(f"{'notebook':36s} {'student':10s} score")
+    for (stem, student), (score, max_score, feedback) in sorted(results.items()):
+        print(f"{stem:36s} {student:10s} {score:g} / {max_score:g}")
+        text = html.unescape(feedback)
+        if max_score <= 0:
+            fail(stem, student, "no graded cells")
+        if student == "solutions" and score != max_score:
+            fail(stem, student, f"scored {score:g} / {max_score:g}, not full marks")
+        if student == "blank" and score != 0:
+            fail(stem, student, f"the untouched release scored {score:g}, not 0")
+        if student == "blank" and "Not attempted yet" not in text:
+            fail(stem, student, "the feedback does not say 'Not attempted yet'")
+        if student == "planted":
+            if not 0 < score < max_score:
+                fail(stem, student, f"scored {score:g} / {max_score:g}, not partial marks")
+            for gid, _, _, message in PLANTED[stem]:
+                if message not in text:
+                    fail(stem, student, f"{gid}: the feedback lacks the checker's message {message!r}")
+    for stem in sorted(set(PLANTED) - set(stems) - ({s for s in PLANTED if s[:2] not in only} if only else set())):
+        fail(stem, "planted", "in PLANTED but not a notebook")
+    print(f"assignments built in {built:.0f} s; autograde + feedback of {len(results)} submissions "
+          f"({len(stems)} notebooks) in {time.perf_counter() - start - built:.0f} s; "
+          f"{time.perf_counter() - start:.0f} s in all")
+    for failure in failures:
+        print("FAIL:", failure)
+    print(f"autograde: {len(results) - len(bad & set(results))} passed, {len(bad)} failed")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    if len(sys.argv) > 1:
+        sys.exit(main(Path(sys.argv[1])))
+    with tempfile.TemporaryDirectory(prefix="selfattn-autograde-") as tmp:
+        sys.exit(main(Path(tmp)))
