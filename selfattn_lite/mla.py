@@ -116,7 +116,14 @@ class MLACache:
         return self.c_kv[:, :end], self.k_rope[:, :end]
 
     def reset(self) -> None:
+        """Forget every stored token (the buffers stay allocated)."""
         self._len = 0
+
+    def crop(self, length: int) -> None:
+        """Keep only the first ``length`` tokens (e.g. to decode the same step again)."""
+        if isinstance(length, bool) or not isinstance(length, int) or not 0 <= length <= self._len:
+            raise ValueError(f"crop length must be an int in [0, len={self._len}], got {length!r}")
+        self._len = length
 
 
 class MultiHeadLatentAttention(nn.Module):
