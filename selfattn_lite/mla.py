@@ -249,16 +249,13 @@ class MultiHeadLatentAttention(nn.Module):
 
     def _absorbed(self, q_nope, q_rope, c_kv, k_rope, mask) -> Tensor:
         """Fold W^UK into the query and W^UV into the output: attention over the latents (MQA-like)."""
-        B, L = q_nope.shape[0], q_nope.shape[2]
         w_uk, w_uv = self.up_projections()                                # (h, nope, d_c), (h, v, d_c)
         q_latent = torch.einsum("bhln,hnc->bhlc", q_nope, w_uk)           # (B, h, L, d_c): W^UK^T q^C
         q = torch.cat([q_latent, q_rope], dim=-1)                         # (B, h, L, d_c + rope)
         k = torch.cat([c_kv, k_rope], dim=-1)[:, None]                    # (B, 1, S, d_c + rope): shared by heads
         v = c_kv[:, None]                                                 # (B, 1, S, d_c)
-        S = k.shape[2]
-        k = k.expand(B, self.n_heads, S, k.shape[-1])
-        v = v.expand(B, self.n_heads, S, self.kv_lora_rank)
-        o_latent = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)  # (B, h, L, d_c)
+        o_latent = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale,
+                                                  enable_gqa=True)        # (B, h, L, d_c): one K/V head
         w_o = self.o_proj.weight.view(self.d_model, self.n_heads, self.v_head_dim)           # (d, h, v)
         w_o_uv = torch.einsum("dhv,hvc->dhc", w_o, w_uv)                  # (d, h, d_c): W^O_i W^UV_i
         return torch.einsum("bhlc,dhc->bld", o_latent, w_o_uv)            # (B, L, d)

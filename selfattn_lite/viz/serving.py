@@ -122,7 +122,8 @@ class CachePolicyWidget(HeatmapWidget):
 
     @property
     def kept(self) -> int:
-        return int(policy_mask(self.policy.value, self.T, window=self.window, n_sink=self.n_sink)[self.step.value].sum())
+        mask = policy_mask(self.policy.value, self.T, window=self.window, n_sink=self.n_sink)
+        return int(mask[self.step.value].sum())
 
     def draw(self, fig: Figure) -> None:
         left, right = fig.subplots(1, 2, gridspec_kw={"width_ratios": [3, 2]})
