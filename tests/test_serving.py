@@ -224,3 +224,15 @@ def test_cache_policy_widget_reads_bytes_off_real_caches():
     assert w.kept == 3 and w.renders >= 3
     with pytest.raises(ValueError, match="unknown policy"):
         CachePolicyWidget(policy="lru")
+
+
+def test_kv_calculator_widget_prices_mla_and_shared_presets_with_their_formula():
+    from selfattn_lite.viz import KVCalculatorWidget
+
+    w = KVCalculatorWidget("Llama-2-7B", seq_len=4096, batch=16)
+    w.preset.value = "DeepSeek-V2"                 # MLA: one latent per token and layer, no K/V-head choice
+    assert w.kv_heads.options == (128,) and w.cache_bytes == get_preset("DeepSeek-V2").kv_bytes(4096, 16)
+    w.preset.value = "Gemma-3n-E4B"
+    assert w.cache_bytes == get_preset("Gemma-3n-E4B").kv_bytes(4096, 16)
+    w.kv_heads.value = 1
+    assert w.cache_bytes * 2 == get_preset("Gemma-3n-E4B").kv_bytes(4096, 16)
