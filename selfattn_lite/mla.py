@@ -1,6 +1,7 @@
 """Multi-head latent attention (MLA, DeepSeek-V2): cache one small latent per token, not K and V per head.
 
-Per token t with hidden state h_t (width d), following DeepSeek-AI (2024), section 2.1:
+Per token t with hidden state h_t (width d), following DeepSeek-AI (2024), section 2.1 (plus the RMSNorm on
+the latent, ``kv_a_layernorm``, that the released models apply and the paper's equations leave out):
 
     c_t^KV = RMSNorm(W^DKV h_t)                  latent, kv_lora_rank = d_c values     (cached)
     k_t^R  = RoPE(W^KR h_t)                      one RoPE key for all heads, qk_rope_head_dim  (cached)
