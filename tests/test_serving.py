@@ -236,3 +236,22 @@ def test_kv_calculator_widget_prices_mla_and_shared_presets_with_their_formula()
     assert w.cache_bytes == get_preset("Gemma-3n-E4B").kv_bytes(4096, 16)
     w.kv_heads.value = 1
     assert w.cache_bytes * 2 == get_preset("Gemma-3n-E4B").kv_bytes(4096, 16)
+
+
+def test_streaming_helpers_on_the_tiny_decoder():
+    from selfattn_lite.models import load_tiny_decoder
+
+    model = load_tiny_decoder()
+    ids = torch.randint(0, model.config.vocab_size, (2, 61), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(streaming.masked_logits(model, ids), model(ids))
+        full = streaming.window_loss(model, ids, window=None)
+        assert full == pytest.approx(model.loss(ids).item(), rel=1e-5)
+        caches = streaming.sink_caches(model, 2, window=8, n_sink=2)
+        decoded = streaming.decode_logits(model, ids, caches)
+        masked = streaming.masked_logits(model, ids, sink_window_mask(61, 2, 8))
+    torch.testing.assert_close(decoded, masked, atol=1e-4, rtol=1e-4)
+    assert all(c.nbytes == caches[0].nbytes for c in caches) and len(caches[0]) == 61
+    assert streaming.window_loss(model, ids, window=60) == pytest.approx(full, rel=1e-5)   # window covers all
+    with pytest.raises(ValueError, match=r"attn_mask must be a \(61, 61\) bool mask"):
+        streaming.masked_logits(model, ids, torch.ones(5, 5, dtype=torch.bool))
