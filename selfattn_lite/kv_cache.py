@@ -7,8 +7,11 @@ with one they are computed once, stored, and read back. Its size is
     bytes = 2 (K and V) x layers x kv_heads x head_dim x tokens x batch x bytes_per_value
 
 This module holds the per-layer ``KVCache``, the size formula ``kv_cache_bytes`` with the
-published configurations of real models (``PRESETS``), and two things serving systems add:
-a paged block allocator (``PagedKVCache``) and an 8-bit cache (``Int8KVCache``).
+published configurations of real models (``PRESETS``, including multi-head latent attention
+and cross-layer sharing), and what serving systems add: a paged block allocator
+(``PagedKVCache``), an 8-bit cache (``Int8KVCache``), and two caches of constant size,
+``SinkKVCache`` (StreamingLLM's first tokens + a rolling window) and ``RollingKVCache``
+(a ring buffer of the last ``window`` tokens, as in Mistral 7B).
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ __all__ = [
     "quantize_int8",
     "dequantize_int8",
     "Int8KVCache",
+    "SinkKVCache",
+    "RollingKVCache",
 ]
 
 
@@ -187,6 +192,17 @@ class ModelPreset:
 
     ``n_params`` is the model's total parameter count (embeddings included, tied ones
     counted once), so ``n_params x bytes`` is the memory of its weights.
+
+    Three kinds of cache are covered:
+
+    * MHA / GQA / MQA: each layer stores a key and a value per K/V head,
+      2 x n_kv_heads x head_dim values per token and layer.
+    * MLA (multi-head latent attention, DeepSeek-V2/V3): each layer stores one latent
+      c_KV of ``kv_lora_rank`` values and one RoPE key of ``qk_rope_head_dim`` values,
+      shared by every head: (kv_lora_rank + qk_rope_head_dim) values per token and layer.
+    * Cross-layer sharing: only ``kv_layers`` of the ``n_layers`` layers compute and store
+      keys and values; the others read those of an earlier layer. Of those, the
+      ``sliding_kv_layers`` that use a sliding window keep at most ``sliding_window`` tokens.
     """
 
     name: str
@@ -199,13 +215,51 @@ class ModelPreset:
     vocab_size: int
     max_position: int
     n_params: int
-    attention: str  # "MHA", "GQA" or "MQA"
+    attention: str  # "MHA", "GQA", "MQA" or "MLA"
+    kv_lora_rank: int = 0            # MLA: width of the cached latent c_KV
+    qk_rope_head_dim: int = 0        # MLA: width of the cached, decoupled RoPE key
+    kv_layers: int | None = None     # layers that hold their own cache (default: all)
+    sliding_kv_layers: int = 0       # of those, layers whose cache keeps only the last sliding_window tokens
+    sliding_window: int | None = None
+
+    @property
+    def cache_layers(self) -> int:
+        """Layers that store their own keys and values (n_layers unless layers share them)."""
+        return self.n_layers if self.kv_layers is None else self.kv_layers
+
+    def values_per_token_layer(self, n_kv_heads: int | None = None) -> int:
+        """Cached values per token and caching layer: 2 x kv_heads x head_dim, or MLA's
+        kv_lora_rank + qk_rope_head_dim."""
+        if self.attention == "MLA":
+            if n_kv_heads is not None and n_kv_heads != self.n_kv_heads:
+                raise ValueError(f"{self.name} uses multi-head latent attention: its cache holds one latent per "
+                                 f"token and layer, not per K/V head, so n_kv_heads={n_kv_heads} does not apply")
+            return self.kv_lora_rank + self.qk_rope_head_dim
+        heads = self.n_kv_heads if n_kv_heads is None else _positive_int("n_kv_heads", n_kv_heads)
+        return 2 * heads * self.head_dim
 
     def kv_bytes(self, n_tokens: int = 1, batch: int = 1, bytes_per_value: float = 2,
                  n_kv_heads: int | None = None) -> int:
-        """KV cache bytes for this model (optionally with another number of KV heads)."""
-        heads = self.n_kv_heads if n_kv_heads is None else n_kv_heads
-        return kv_cache_bytes(self.n_layers, heads, self.head_dim, n_tokens, batch, bytes_per_value)
+        """KV cache bytes for this model (optionally with another number of KV heads).
+
+        MHA/GQA/MQA: 2 x layers x kv_heads x head_dim x tokens x batch x bytes
+        (``kv_cache_bytes``). MLA: (kv_lora_rank + qk_rope_head_dim) x layers x tokens x
+        batch x bytes. With cross-layer sharing only ``cache_layers`` layers count, and a
+        sliding-window layer holds min(tokens, sliding_window) tokens.
+        """
+        per = self.values_per_token_layer(n_kv_heads)
+        if self.attention != "MLA" and self.kv_layers is None and not self.sliding_kv_layers:
+            heads = self.n_kv_heads if n_kv_heads is None else n_kv_heads
+            return kv_cache_bytes(self.n_layers, heads, self.head_dim, n_tokens, batch, bytes_per_value)
+        if isinstance(n_tokens, bool) or not isinstance(n_tokens, int) or n_tokens < 0:
+            raise ValueError(f"n_tokens must be a non-negative int, got {n_tokens!r}")
+        _positive_int("batch", batch)
+        if not bytes_per_value > 0:
+            raise ValueError(f"bytes_per_value must be > 0, got {bytes_per_value!r}")
+        full = self.cache_layers - self.sliding_kv_layers
+        windowed = min(n_tokens, self.sliding_window) if self.sliding_kv_layers else 0
+        token_layers = full * n_tokens + self.sliding_kv_layers * windowed
+        return int(round(per * token_layers * batch * bytes_per_value))
 
     def weight_bytes(self, bytes_per_value: float = 2) -> int:
         """Memory of the weights: n_params x bytes per value."""
@@ -229,6 +283,23 @@ PRESETS: dict[str, ModelPreset] = {p.name: p for p in [
     _preset("Llama-3-8B",      32,  4096,   32,  8, 14336, 128256,   8192,   8_030_261_248),
     _preset("Llama-3-70B",     80,  8192,   64,  8, 28672, 128256,   8192,  70_553_706_496),
     _preset("Qwen2.5-7B",      28,  3584,   28,  4, 18944, 152064, 131072,   7_615_616_512),
+    # Multi-head latent attention (DeepSeek-AI, 2024): config.json of deepseek-ai/DeepSeek-V2 and
+    # deepseek-ai/DeepSeek-V3 (kv_lora_rank 512, qk_rope_head_dim 64, qk_nope_head_dim 128, v_head_dim 128,
+    # q_lora_rank 1536, 128 heads). head_dim is the query/key head width, qk_nope + qk_rope = 192;
+    # ffn_dim the dense layers' intermediate_size. n_params: the architecture instantiated from the config
+    # (transformers' DeepseekV2/V3ForCausalLM on the meta device; V3 without its multi-token-prediction
+    # module), the papers' "236B" and "671B" total parameters.
+    ModelPreset("DeepSeek-V2", 60, 5120, 128, 128, 192, 12288, 102400, 163840, 235_741_434_880, "MLA",
+                kv_lora_rank=512, qk_rope_head_dim=64),
+    ModelPreset("DeepSeek-V3", 61, 7168, 128, 128, 192, 18432, 129280, 163840, 671_026_404_352, "MLA",
+                kv_lora_rank=512, qk_rope_head_dim=64),
+    # Cross-layer KV sharing: the text decoder of Gemma 3n E4B (transformers' Gemma3nTextConfig, whose
+    # defaults are the E4B configuration): 35 layers, every 5th global and the others a 512-token sliding
+    # window, 2 K/V heads of 256. The last num_kv_shared_layers = 15 layers reuse the cache of the last
+    # earlier layer of their type, so 20 layers (16 sliding, 4 global) hold a cache. n_params: the text
+    # decoder (Gemma3nForCausalLM, per-layer embeddings included) instantiated from that config.
+    ModelPreset("Gemma-3n-E4B", 35, 2048, 8, 2, 256, 16384, 262400, 32768, 6_835_235_568, "GQA",
+                kv_layers=20, sliding_kv_layers=16, sliding_window=512),
 ]}
 
 
@@ -443,3 +514,148 @@ class Int8KVCache(KVCache):
         k_all = dequantize_int8(self.k[:, :, :end], self.k_scale[:, :, :end])  # (B, h_kv, len, dk)
         v_all = dequantize_int8(self.v[:, :, :end], self.v_scale[:, :, :end])
         return k_all, v_all
+
+
+# --------------------------------------------------------------------------------------
+# Caches of constant size: attention sinks and a rolling window
+# --------------------------------------------------------------------------------------
+class SinkKVCache:
+    """Keep the first ``n_sink`` tokens and a rolling window of the last ``window``: constant memory.
+
+    StreamingLLM (Xiao et al., 2024) keeps the first tokens ("attention sinks") and the
+    most recent ones; Mistral 7B's rolling buffer is the case ``n_sink = 0``
+    (``RollingKVCache``). The buffers have ``n_sink + window`` slots, allocated once:
+    token t goes to slot t while t < n_sink, otherwise to slot
+    n_sink + (t - n_sink) mod window, overwriting the token ``window`` positions older.
+
+    After ``update`` writes token t, the cache holds exactly the keys that query t may see
+    under ``masks.sink_window_mask``: j < n_sink, or t - j < window. Keys are stored as they
+    arrive, so with RoPE they keep the rotation of their *original* position (the default
+    of ``MultiHeadAttention``, whose positions come from ``len(cache)``, the tokens seen).
+
+    Args:
+        batch, n_kv_heads, head_dim: as in ``KVCache``.
+        window: recent tokens kept (the newest included), >= 1.
+        n_sink: first tokens kept for ever, >= 0.
+        dtype, device: of the buffers.
+
+    Attributes:
+        k, v: (B, n_kv_heads, n_sink + window, head_dim) buffers, in slot order.
+        slot_positions: (n_sink + window,) long, the original position held by each slot
+            (-1 = empty).
+    """
+
+    def __init__(self, batch: int, n_kv_heads: int, head_dim: int, *, window: int, n_sink: int = 0,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str | None = None):
+        self.batch = _positive_int("batch", batch)
+        self.n_kv_heads = _positive_int("n_kv_heads", n_kv_heads)
+        self.head_dim = _positive_int("head_dim", head_dim)
+        self.window = _positive_int("window", window)
+        if isinstance(n_sink, bool) or not isinstance(n_sink, int) or n_sink < 0:
+            raise ValueError(f"n_sink must be a non-negative int, got {n_sink!r}")
+        self.n_sink = n_sink
+        self.capacity = n_sink + window
+        shape = (batch, n_kv_heads, self.capacity, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)   # (B, h_kv, n_sink + window, dk)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.slot_positions = torch.full((self.capacity,), -1, dtype=torch.long)
+        self._len = 0
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.k.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.k.device
+
+    def __len__(self) -> int:
+        """Tokens seen so far (the position of the next token), not the slots in use."""
+        return self._len
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(batch={self.batch}, n_kv_heads={self.n_kv_heads}, head_dim={self.head_dim}, "
+                f"n_sink={self.n_sink}, window={self.window}, len={self._len})")
+
+    @property
+    def n_kept(self) -> int:
+        """Slots in use: min(tokens seen, n_sink + window)."""
+        return min(self._len, self.capacity)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the K and V buffers: 2 x B x h_kv x (n_sink + window) x dk x bytes, whatever the length."""
+        return self.k.nbytes + self.v.nbytes
+
+    def slot(self, position: int) -> int:
+        """The slot that holds the token at ``position``."""
+        if position < self.n_sink:
+            return position
+        return self.n_sink + (position - self.n_sink) % self.window
+
+    def _check(self, k: Tensor, v: Tensor) -> int:
+        for name, t in (("k", k), ("v", v)):
+            if not isinstance(t, Tensor):
+                raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+            if t.dim() != 4 or t.shape[0] != self.batch or t.shape[1] != self.n_kv_heads \
+                    or t.shape[3] != self.head_dim or t.shape[2] < 1:
+                raise ValueError(f"{name} must have shape (B={self.batch}, n_kv_heads={self.n_kv_heads}, T_new >= 1, "
+                                 f"head_dim={self.head_dim}) to fit this cache, got {_shape(t)}")
+            if t.dtype != self.dtype or t.device != self.device:
+                raise ValueError(f"{name} is {t.dtype} on {t.device}, the cache holds {self.dtype} on {self.device}")
+        if k.shape != v.shape:
+            raise ValueError(f"k and v must have the same shape, got k {_shape(k)} and v {_shape(v)}")
+        t_new = k.shape[2]
+        if t_new > 1 and self._len + t_new > self.capacity:
+            raise ValueError(
+                f"{t_new} new tokens after {self._len} would evict tokens that the earlier new queries still see: "
+                f"feed at most n_sink + window - len = {self.capacity - self._len} tokens at once, then one per step")
+        return t_new
+
+    def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Write the new tokens' keys and values; return the kept ones, in slot order.
+
+        Args:
+            k, v: (B, n_kv_heads, T_new, head_dim). T_new > 1 only while nothing is evicted
+                (a prompt of at most n_sink + window tokens); then one token per call.
+
+        Returns:
+            k_kept, v_kept: (B, n_kv_heads, n_kept, head_dim) views of the buffers. Slot
+            order is position order until the window wraps; attention does not depend on
+            the order of the keys, only on which keys are there.
+        """
+        t_new = self._check(k, v)
+        for i in range(t_new):
+            position = self._len + i
+            s = self.slot(position)
+            self.k[:, :, s] = k[:, :, i]
+            self.v[:, :, s] = v[:, :, i]
+            self.slot_positions[s] = position
+        self._len += t_new
+        n = self.n_kept
+        return self.k[:, :, :n], self.v[:, :, :n]   # (B, h_kv, n_kept, dk)
+
+    def kept_positions(self) -> Tensor:
+        """(n_kept,) original positions of the kept tokens, in slot order."""
+        return self.slot_positions[:self.n_kept].clone()
+
+    def reset(self) -> None:
+        """Forget every token (the buffers stay allocated)."""
+        self._len = 0
+        self.slot_positions.fill_(-1)
+
+
+class RollingKVCache(SinkKVCache):
+    """A ring buffer of the last ``window`` tokens (Mistral 7B's rolling buffer cache).
+
+    Token t is written to slot t mod window; memory stays at ``window`` slots however long
+    decoding runs, and query t sees keys t - window + 1 .. t: sliding-window attention.
+    """
+
+    def __init__(self, batch: int, n_kv_heads: int, head_dim: int, *, window: int,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str | None = None):
+        super().__init__(batch, n_kv_heads, head_dim, window=window, n_sink=0, dtype=dtype, device=device)
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(batch={self.batch}, n_kv_heads={self.n_kv_heads}, head_dim={self.head_dim}, "
+                f"window={self.window}, len={self._len})")

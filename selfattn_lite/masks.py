@@ -15,6 +15,9 @@ __all__ = [
     "combine_masks",
     "to_additive",
     "is_fully_masked",
+    "sink_window_mask",
+    "document_mask",
+    "document_positions",
 ]
 
 
@@ -125,3 +128,76 @@ def is_fully_masked(mask: Tensor) -> Tensor:
     if mask.dtype != torch.bool:
         raise ValueError(f"expected a bool mask, got dtype {mask.dtype}")
     return ~mask.any(dim=-1)
+
+
+def sink_window_mask(L: int, n_sink: int, window: int, *, device=None) -> Tensor:
+    """Boolean (L, L) causal mask of attention sinks + a sliding window (StreamingLLM).
+
+    Query i sees key j when j <= i and (j < n_sink or i - j < window): the first
+    ``n_sink`` tokens for ever, plus the last ``window`` tokens (itself included).
+    ``n_sink = 0`` is the causal sliding window of Mistral 7B.
+
+    Returns:
+        (L, L) bool, True = may attend.
+    """
+    L = _check_len("L", L)
+    window = _check_len("window", window)
+    if isinstance(n_sink, bool) or not isinstance(n_sink, int) or n_sink < 0:
+        raise ValueError(f"n_sink must be a non-negative int, got {n_sink!r}")
+    i = torch.arange(L, device=device)[:, None]   # (L, 1) query positions
+    j = torch.arange(L, device=device)[None, :]   # (1, L) key positions
+    return (j <= i) & ((j < n_sink) | (i - j < window))
+
+
+def _check_doc_ids(doc_ids) -> Tensor:
+    doc_ids = torch.as_tensor(doc_ids)
+    if doc_ids.dim() not in (1, 2) or doc_ids.is_floating_point() or doc_ids.dtype == torch.bool \
+            or doc_ids.shape[-1] < 1:
+        raise ValueError(f"doc_ids must be a (T,) or (B, T) integer tensor with T >= 1, one document id per token, "
+                         f"got shape {tuple(doc_ids.shape)} and dtype {doc_ids.dtype}")
+    return doc_ids
+
+
+def document_mask(doc_ids, *, causal: bool = False) -> Tensor:
+    """Block-diagonal mask of a packed sequence: token i sees token j only in its own document.
+
+    Packing puts several documents in one row to avoid padding; this mask keeps them
+    from attending to each other, so the packed row computes what each document alone
+    would (with per-document positions, ``document_positions``).
+
+    Args:
+        doc_ids: (T,) or (B, T) integer document id of each token (e.g. 0 0 0 1 1 2 2 2).
+        causal: also require j <= i (a decoder).
+
+    Returns:
+        (T, T) or (B, T, T) bool, True = may attend (same document, and j <= i if causal).
+    """
+    doc_ids = _check_doc_ids(doc_ids)
+    if not isinstance(causal, bool):
+        raise ValueError(f"causal must be True or False, got {causal!r}")
+    same = doc_ids[..., :, None] == doc_ids[..., None, :]      # (..., T, T)
+    if causal:
+        T = doc_ids.shape[-1]
+        same = same & torch.ones(T, T, dtype=torch.bool, device=doc_ids.device).tril()
+    return same
+
+
+def document_positions(doc_ids) -> Tensor:
+    """Position of each token within its own document: 0, 1, 2, ... restarting at each new document.
+
+    A document is a run of equal consecutive ids. With RoPE these positions make a packed
+    document rotate its queries and keys exactly as it would alone.
+
+    Args:
+        doc_ids: (T,) or (B, T) integer document ids.
+
+    Returns:
+        Long tensor of doc_ids' shape.
+    """
+    doc_ids = _check_doc_ids(doc_ids)
+    T = doc_ids.shape[-1]
+    idx = torch.arange(T, device=doc_ids.device).expand(doc_ids.shape)          # (..., T)
+    starts = torch.ones(doc_ids.shape, dtype=torch.bool, device=doc_ids.device)
+    starts[..., 1:] = doc_ids[..., 1:] != doc_ids[..., :-1]                     # a new document begins
+    start_idx = torch.where(starts, idx, torch.zeros_like(idx)).cummax(dim=-1).values
+    return idx - start_idx

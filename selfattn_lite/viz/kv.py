@@ -15,7 +15,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
-from ..kv_cache import PRESETS, KVCache, PagedKVCache, format_bytes, get_preset, kv_cache_bytes
+from ..kv_cache import PRESETS, KVCache, PagedKVCache, format_bytes, get_preset
 from .core import HeatmapWidget
 
 __all__ = [
@@ -69,7 +69,8 @@ def draw_cache_memory(preset, seq_len: int, batch: int = 1, bytes_per_value: flo
     ax.set_ylim(-0.6, 1.8)
     ax.set_xlabel("memory (GiB)")
     share = "larger than" if cache > weights else "smaller than"
-    ax.set_title(f"{p.name}, {kv} K/V heads, batch {batch} x {seq_len:,} tokens: cache {share} the weights",
+    heads = "latent cache (MLA)" if p.attention == "MLA" else f"{kv} K/V heads"
+    ax.set_title(f"{p.name}, {heads}, batch {batch} x {seq_len:,} tokens: cache {share} the weights",
                  fontsize=10)
     return ax
 
@@ -152,7 +153,7 @@ class KVCalculatorWidget(HeatmapWidget):
         self.batch = widgets.SelectionSlider(options=self.BATCHES, value=batch, description="batch", style=style)
         self.dtype = widgets.Dropdown(options=list(DTYPE_BYTES), value=dtype, description="cache dtype",
                                       style=style)
-        self.kv_heads = widgets.Dropdown(options=self._divisors(p.n_heads), value=p.n_kv_heads,
+        self.kv_heads = widgets.Dropdown(options=self._kv_options(p), value=p.n_kv_heads,
                                          description="K/V heads", style=style)
         self._syncing = False
         super().__init__([self.preset, self.seq_len, self.batch, self.dtype, self.kv_heads], figsize=(7.5, 2.8))
@@ -164,13 +165,18 @@ class KVCalculatorWidget(HeatmapWidget):
     def _divisors(n: int) -> list[int]:
         return [d for d in range(1, n + 1) if n % d == 0]
 
+    @classmethod
+    def _kv_options(cls, p) -> list[int]:
+        """K/V head counts to offer: divisors of the query heads; MLA caches one latent, so only its own."""
+        return [p.n_kv_heads] if p.attention == "MLA" else cls._divisors(p.n_heads)
+
     def _on_change(self, change) -> None:
         if self._syncing:
             return
         if change["owner"] is self.preset:      # a new model: reset K/V heads to its own, then redraw once
             p = get_preset(change["new"])
             self._syncing = True
-            self.kv_heads.options = self._divisors(p.n_heads)
+            self.kv_heads.options = self._kv_options(p)
             self.kv_heads.value = p.n_kv_heads
             self._syncing = False
         self.update()
@@ -181,10 +187,10 @@ class KVCalculatorWidget(HeatmapWidget):
 
     @property
     def cache_bytes(self) -> int:
-        """2 x layers x kv_heads x head_dim x tokens x batch x bytes."""
-        p = self.model
-        return kv_cache_bytes(p.n_layers, self.kv_heads.value, p.head_dim, self.seq_len.value, self.batch.value,
-                              DTYPE_BYTES[self.dtype.value])
+        """2 x layers x kv_heads x head_dim x tokens x batch x bytes (the preset's ``kv_bytes``: MLA and
+        cross-layer sharing included)."""
+        return self.model.kv_bytes(self.seq_len.value, self.batch.value, DTYPE_BYTES[self.dtype.value],
+                                   n_kv_heads=self.kv_heads.value)
 
     @property
     def weight_bytes(self) -> int:

@@ -1,0 +1,153 @@
+"""The course's masks written for torch's FlexAttention (``torch.nn.attention.flex_attention``).
+
+FlexAttention (Dong et al., 2024) takes attention variants as two small functions:
+
+* ``mask_mod(b, h, q_idx, kv_idx) -> bool``: may query q_idx attend to key kv_idx?
+* ``score_mod(score, b, h, q_idx, kv_idx) -> score``: change one scaled score q.k / sqrt(E).
+
+``create_block_mask`` evaluates the mask_mod once per block of 128 x 128 (query, key) pairs and
+records which blocks are empty (skipped), full (no masking needed) or partial. A fused kernel
+(``torch.compile(flex_attention)``, on a GPU) then never touches the empty blocks.
+
+Here everything runs eagerly on the CPU, which torch allows for checking: eager flex_attention
+computes the full score matrix (it warns that it is not fused; ``flex_attention`` below silences
+exactly that warning, because equality, not speed, is what we use it for).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from torch import Tensor
+
+from .positions import alibi_slopes
+
+__all__ = [
+    "causal_mod",
+    "sliding_window_mod",
+    "sink_window_mod",
+    "document_mod",
+    "alibi_score_mod",
+    "block_mask",
+    "flex_attention",
+    "block_counts",
+]
+
+_UNFUSED_WARNING = "flex_attention called without torch.compile"
+
+
+def _positive_int(name: str, n) -> int:
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"{name} must be a positive int, got {n!r}")
+    return n
+
+
+def causal_mod(b, h, q_idx, kv_idx):
+    """mask_mod of causal attention: kv_idx <= q_idx."""
+    return q_idx >= kv_idx
+
+
+def sliding_window_mod(window: int):
+    """mask_mod of a causal sliding window: q_idx - window < kv_idx <= q_idx (``window`` keys)."""
+    _positive_int("window", window)
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return (q_idx >= kv_idx) & (q_idx - kv_idx < window)
+    return mask_mod
+
+
+def sink_window_mod(n_sink: int, window: int):
+    """mask_mod of attention sinks + a causal window (``masks.sink_window_mask``)."""
+    _positive_int("window", window)
+    if isinstance(n_sink, bool) or not isinstance(n_sink, int) or n_sink < 0:
+        raise ValueError(f"n_sink must be a non-negative int, got {n_sink!r}")
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return (q_idx >= kv_idx) & ((kv_idx < n_sink) | (q_idx - kv_idx < window))
+    return mask_mod
+
+
+def document_mod(doc_ids: Tensor, *, causal: bool = False):
+    """mask_mod of a packed sequence (``masks.document_mask``): same document (and causal).
+
+    Args:
+        doc_ids: (T,) integer document id per token (one packed row).
+    """
+    doc_ids = torch.as_tensor(doc_ids)
+    if doc_ids.dim() != 1 or doc_ids.is_floating_point() or doc_ids.dtype == torch.bool or len(doc_ids) < 1:
+        raise ValueError(f"doc_ids must be a (T,) integer tensor, got shape {tuple(doc_ids.shape)} "
+                         f"and dtype {doc_ids.dtype}")
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        same = doc_ids[q_idx] == doc_ids[kv_idx]
+        return same & (q_idx >= kv_idx) if causal else same
+    return mask_mod
+
+
+def alibi_score_mod(n_heads: int):
+    """score_mod of ALiBi: score - m_h |q_idx - kv_idx| (``positions.alibi_bias`` as a function)."""
+    slopes = alibi_slopes(_positive_int("n_heads", n_heads))   # (h,)
+
+    def score_mod(score, b, h, q_idx, kv_idx):
+        return score - slopes[h] * (q_idx - kv_idx).abs()
+    return score_mod
+
+
+def block_mask(mask_mod, L: int, S: int | None = None, *, B: int | None = None, H: int | None = None,
+               block_size: int = 128):
+    """``create_block_mask`` on the CPU: which (query block, key block) tiles hold any allowed pair.
+
+    Args:
+        mask_mod: as above. L, S: queries and keys. B, H: None = the same mask for every
+            batch row / head (broadcast). block_size: tile side (128 is torch's default).
+
+    Returns:
+        A ``torch.nn.attention.flex_attention.BlockMask`` built with device="cpu".
+    """
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    L = _positive_int("L", L)
+    S = L if S is None else _positive_int("S", S)
+    return create_block_mask(mask_mod, B, H, L, S, device="cpu", BLOCK_SIZE=_positive_int("block_size", block_size))
+
+
+def flex_attention(q: Tensor, k: Tensor, v: Tensor, *, score_mod=None, block_mask=None, scale: float | None = None):
+    """torch's ``flex_attention``, eager (on the CPU), without its 'not compiled' warning.
+
+    Args:
+        q: (B, h, L, E), k: (B, h, S, E), v: (B, h, S, Ev).
+
+    Returns:
+        (B, h, L, Ev).
+    """
+    from torch.nn.attention.flex_attention import flex_attention as _flex
+
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, Tensor) or t.dim() != 4:
+            got = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
+            raise ValueError(f"flex_attention takes (B, h, T, E) tensors; {name} is {got}")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_UNFUSED_WARNING, category=UserWarning)
+        return _flex(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
+
+
+def block_counts(mask) -> dict:
+    """Count the tiles of a ``BlockMask``: full, partial (need the mask_mod) and skipped.
+
+    Read from the BlockMask itself: ``kv_num_blocks`` counts, per query block, the key
+    blocks that are partial, and ``full_kv_num_blocks`` those that are fully allowed;
+    every other tile is skipped.
+
+    Returns:
+        dict with ``total``, ``full``, ``partial``, ``skipped`` (tile counts over batch and
+        heads as stored) and ``share_skipped`` (skipped / total).
+    """
+    q_blocks = mask.kv_num_blocks.shape[-1]
+    kv_blocks = -(-mask.seq_lengths[1] // mask.BLOCK_SIZE[1])
+    rows = mask.kv_num_blocks.numel() // q_blocks                    # (batch x heads) as stored
+    partial = int(mask.kv_num_blocks.sum())
+    full = int(mask.full_kv_num_blocks.sum()) if mask.full_kv_num_blocks is not None else 0
+    total = rows * q_blocks * kv_blocks
+    skipped = total - partial - full
+    return dict(total=total, full=full, partial=partial, skipped=skipped, share_skipped=skipped / total)

@@ -1,0 +1,262 @@
+"""Multi-head latent attention (MLA, DeepSeek-V2): cache one small latent per token, not K and V per head.
+
+Per token t with hidden state h_t (width d), following DeepSeek-AI (2024), section 2.1 (plus the RMSNorm on
+the latent, ``kv_a_layernorm``, that the released models apply and the paper's equations leave out):
+
+    c_t^KV = RMSNorm(W^DKV h_t)                  latent, kv_lora_rank = d_c values     (cached)
+    k_t^R  = RoPE(W^KR h_t)                      one RoPE key for all heads, qk_rope_head_dim  (cached)
+    k_t,i^C = W_i^UK c_t^KV,  v_t,i = W_i^UV c_t^KV   per-head key (qk_nope_head_dim) and value (v_head_dim)
+    q_t,i = [q_t,i^C ; RoPE(q_t,i^R)]            from W^Q h_t (or W^UQ RMSNorm(W^DQ h_t) with q_lora_rank)
+    o_t,i = sum_j softmax_j(q_t,i . [k_j,i^C ; k_j^R] / sqrt(nope + rope)) v_j,i
+    y_t   = W^O [o_t,1 ; ... ; o_t,h]
+
+Only c^KV and k^R are cached: (kv_lora_rank + qk_rope_head_dim) values per token and layer,
+whatever the number of heads. Because q^C . (W^UK c) = (W^UK^T q^C) . c, the key
+up-projection can be folded into the query ("absorbed") and the value up-projection into
+the output projection; attention then runs directly over the cached latents, like MQA
+with one shared key [c ; k^R] and one shared value c. Both forms give the same output.
+
+Names follow the Hugging Face DeepSeek-V2/V3 configs: ``kv_lora_rank``, ``q_lora_rank``,
+``qk_nope_head_dim``, ``qk_rope_head_dim``, ``v_head_dim``; the submodules are named like
+theirs (``kv_a_proj_with_mqa``, ``kv_a_layernorm``, ``kv_b_proj``, ``o_proj``). DeepSeek's
+RoPE pairs dimensions (2i, 2i + 1) (``interleaved=True``); YaRN's extra attention scale
+(mscale) is not modelled here.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .masks import causal_mask
+from .positions import RotaryEmbedding
+
+__all__ = ["MLACache", "MultiHeadLatentAttention", "mla_cache_bytes"]
+
+
+def _shape(t: Tensor) -> str:
+    return "(" + ", ".join(str(s) for s in t.shape) + ")"
+
+
+def _positive_int(name: str, n) -> int:
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"{name} must be a positive int, got {n!r}")
+    return n
+
+
+def mla_cache_bytes(n_layers: int, kv_lora_rank: int, qk_rope_head_dim: int, n_tokens: int = 1, batch: int = 1,
+                    bytes_per_value: float = 2) -> int:
+    """MLA cache memory: (kv_lora_rank + qk_rope_head_dim) x layers x tokens x batch x bytes.
+
+    Example: DeepSeek-V2 (60 layers, kv_lora_rank 512, qk_rope_head_dim 64) in bf16:
+    576 x 60 x 2 = 69,120 bytes = 67.5 KiB per token.
+    """
+    for name, n in (("n_layers", n_layers), ("kv_lora_rank", kv_lora_rank),
+                    ("qk_rope_head_dim", qk_rope_head_dim), ("batch", batch)):
+        _positive_int(name, n)
+    if isinstance(n_tokens, bool) or not isinstance(n_tokens, int) or n_tokens < 0:
+        raise ValueError(f"n_tokens must be a non-negative int, got {n_tokens!r}")
+    if not bytes_per_value > 0:
+        raise ValueError(f"bytes_per_value must be > 0, got {bytes_per_value!r}")
+    return int(round((kv_lora_rank + qk_rope_head_dim) * n_layers * n_tokens * batch * bytes_per_value))
+
+
+class MLACache:
+    """The cache of one MLA layer: the latent c^KV and the RoPE key k^R of every past token.
+
+    Args:
+        batch: B. max_len: the most tokens it holds.
+        kv_lora_rank: d_c, the latent width. qk_rope_head_dim: the RoPE key width.
+
+    Attributes:
+        c_kv: (B, max_len, kv_lora_rank). k_rope: (B, max_len, qk_rope_head_dim), already rotated.
+    """
+
+    def __init__(self, batch: int, max_len: int, kv_lora_rank: int, qk_rope_head_dim: int, *,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str | None = None):
+        self.batch = _positive_int("batch", batch)
+        self.max_len = _positive_int("max_len", max_len)
+        self.kv_lora_rank = _positive_int("kv_lora_rank", kv_lora_rank)
+        self.qk_rope_head_dim = _positive_int("qk_rope_head_dim", qk_rope_head_dim)
+        self.c_kv = torch.zeros(batch, max_len, kv_lora_rank, dtype=dtype, device=device)
+        self.k_rope = torch.zeros(batch, max_len, qk_rope_head_dim, dtype=dtype, device=device)
+        self._len = 0
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __repr__(self) -> str:
+        return (f"MLACache(batch={self.batch}, max_len={self.max_len}, kv_lora_rank={self.kv_lora_rank}, "
+                f"qk_rope_head_dim={self.qk_rope_head_dim}, len={self._len})")
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the two buffers (all max_len slots)."""
+        return self.c_kv.nbytes + self.k_rope.nbytes
+
+    def update(self, c_kv: Tensor, k_rope: Tensor) -> tuple[Tensor, Tensor]:
+        """Append T_new tokens: c_kv (B, T_new, kv_lora_rank), k_rope (B, T_new, qk_rope_head_dim).
+
+        Returns:
+            All stored: (B, len, kv_lora_rank) and (B, len, qk_rope_head_dim).
+        """
+        for name, t, width in (("c_kv", c_kv, self.kv_lora_rank), ("k_rope", k_rope, self.qk_rope_head_dim)):
+            if not isinstance(t, Tensor) or t.dim() != 3 or t.shape[0] != self.batch or t.shape[2] != width:
+                got = _shape(t) if isinstance(t, Tensor) else type(t).__name__
+                raise ValueError(f"{name} must be (B={self.batch}, T_new, {width}), got {got}")
+        if c_kv.shape[1] != k_rope.shape[1] or c_kv.shape[1] < 1:
+            raise ValueError(f"c_kv and k_rope must hold the same T_new >= 1 tokens, got {_shape(c_kv)} and "
+                             f"{_shape(k_rope)}")
+        start, end = self._len, self._len + c_kv.shape[1]
+        if end > self.max_len:
+            raise ValueError(f"MLA cache overflow: {self._len} + {c_kv.shape[1]} tokens > max_len = {self.max_len}")
+        self.c_kv[:, start:end] = c_kv
+        self.k_rope[:, start:end] = k_rope
+        self._len = end
+        return self.c_kv[:, :end], self.k_rope[:, :end]
+
+    def reset(self) -> None:
+        """Forget every stored token (the buffers stay allocated)."""
+        self._len = 0
+
+    def crop(self, length: int) -> None:
+        """Keep only the first ``length`` tokens (e.g. to decode the same step again)."""
+        if isinstance(length, bool) or not isinstance(length, int) or not 0 <= length <= self._len:
+            raise ValueError(f"crop length must be an int in [0, len={self._len}], got {length!r}")
+        self._len = length
+
+
+class MultiHeadLatentAttention(nn.Module):
+    """Causal multi-head latent attention with a decoupled RoPE key (DeepSeek-V2).
+
+    Args:
+        d_model: d. n_heads: h.
+        kv_lora_rank: d_c, width of the cached latent c^KV.
+        qk_nope_head_dim: per-head key/query part without position (from the latent).
+        qk_rope_head_dim: per-head query part and shared key part that carry RoPE (even).
+        v_head_dim: per-head value width.
+        q_lora_rank: None (queries from one projection W^Q) or the width of a query latent.
+        rope_base: RoPE's base.
+
+    Submodules (Hugging Face names): ``q_proj`` or ``q_a_proj``/``q_a_layernorm``/``q_b_proj``;
+    ``kv_a_proj_with_mqa`` (d -> kv_lora_rank + qk_rope_head_dim: W^DKV and W^KR together),
+    ``kv_a_layernorm``, ``kv_b_proj`` (kv_lora_rank -> h (qk_nope + v): W^UK and W^UV), ``o_proj``.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, *, kv_lora_rank: int, qk_nope_head_dim: int,
+                 qk_rope_head_dim: int, v_head_dim: int, q_lora_rank: int | None = None, rope_base: float = 10000.0):
+        super().__init__()
+        for name, n in (("d_model", d_model), ("n_heads", n_heads), ("kv_lora_rank", kv_lora_rank),
+                        ("qk_nope_head_dim", qk_nope_head_dim), ("qk_rope_head_dim", qk_rope_head_dim),
+                        ("v_head_dim", v_head_dim)):
+            _positive_int(name, n)
+        if qk_rope_head_dim % 2:
+            raise ValueError(f"qk_rope_head_dim must be even (RoPE rotates pairs), got {qk_rope_head_dim}")
+        if q_lora_rank is not None:
+            _positive_int("q_lora_rank", q_lora_rank)
+        self.d_model, self.n_heads = d_model, n_heads
+        self.kv_lora_rank, self.q_lora_rank = kv_lora_rank, q_lora_rank
+        self.qk_nope_head_dim, self.qk_rope_head_dim, self.v_head_dim = qk_nope_head_dim, qk_rope_head_dim, v_head_dim
+        self.qk_head_dim = qk_nope_head_dim + qk_rope_head_dim
+        self.scale = self.qk_head_dim ** -0.5
+        if q_lora_rank is None:
+            self.q_proj = nn.Linear(d_model, n_heads * self.qk_head_dim, bias=False)
+        else:
+            self.q_a_proj = nn.Linear(d_model, q_lora_rank, bias=False)
+            self.q_a_layernorm = nn.RMSNorm(q_lora_rank, eps=1e-6)
+            self.q_b_proj = nn.Linear(q_lora_rank, n_heads * self.qk_head_dim, bias=False)
+        self.kv_a_proj_with_mqa = nn.Linear(d_model, kv_lora_rank + qk_rope_head_dim, bias=False)
+        self.kv_a_layernorm = nn.RMSNorm(kv_lora_rank, eps=1e-6)
+        self.kv_b_proj = nn.Linear(kv_lora_rank, n_heads * (qk_nope_head_dim + v_head_dim), bias=False)
+        self.o_proj = nn.Linear(n_heads * v_head_dim, d_model, bias=False)
+        self.rope = RotaryEmbedding(qk_rope_head_dim, base=rope_base, interleaved=True)
+
+    def extra_repr(self) -> str:
+        return (f"d_model={self.d_model}, n_heads={self.n_heads}, kv_lora_rank={self.kv_lora_rank}, "
+                f"q_lora_rank={self.q_lora_rank}, qk_nope_head_dim={self.qk_nope_head_dim}, "
+                f"qk_rope_head_dim={self.qk_rope_head_dim}, v_head_dim={self.v_head_dim}")
+
+    def new_cache(self, batch: int, max_len: int) -> MLACache:
+        """An empty ``MLACache`` for this layer, in its dtype and device."""
+        w = self.kv_a_proj_with_mqa.weight
+        return MLACache(batch, max_len, self.kv_lora_rank, self.qk_rope_head_dim, dtype=w.dtype, device=w.device)
+
+    # ------------------------------------------------------------------ pieces
+    def queries(self, x: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """q^C (B, h, L, qk_nope_head_dim) and rotated q^R (B, h, L, qk_rope_head_dim)."""
+        B, L, _ = x.shape
+        q = self.q_proj(x) if self.q_lora_rank is None else self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+        q = q.view(B, L, self.n_heads, self.qk_head_dim).transpose(1, 2)             # (B, h, L, nope + rope)
+        q_nope, q_rope = q.split([self.qk_nope_head_dim, self.qk_rope_head_dim], dim=-1)
+        return q_nope, self.rope(q_rope, positions)
+
+    def latents(self, x: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """What the cache stores: c^KV (B, L, kv_lora_rank) and the rotated k^R (B, L, qk_rope_head_dim)."""
+        c_kv, k_rope = self.kv_a_proj_with_mqa(x).split([self.kv_lora_rank, self.qk_rope_head_dim], dim=-1)
+        return self.kv_a_layernorm(c_kv), self.rope(k_rope, positions)
+
+    def up_projections(self) -> tuple[Tensor, Tensor]:
+        """W^UK (h, qk_nope_head_dim, kv_lora_rank) and W^UV (h, v_head_dim, kv_lora_rank) from ``kv_b_proj``."""
+        w = self.kv_b_proj.weight.view(self.n_heads, self.qk_nope_head_dim + self.v_head_dim, self.kv_lora_rank)
+        return w[:, :self.qk_nope_head_dim], w[:, self.qk_nope_head_dim:]
+
+    def _check(self, x: Tensor, cache) -> int:
+        if not isinstance(x, Tensor) or x.dim() != 3 or x.shape[-1] != self.d_model or not x.is_floating_point():
+            got = f"{_shape(x)} {x.dtype}" if isinstance(x, Tensor) else type(x).__name__
+            raise ValueError(f"x must be a floating (B, L, d_model={self.d_model}) tensor, got {got}")
+        if cache is not None and not isinstance(cache, MLACache):
+            raise ValueError(f"cache must be an MLACache (see new_cache), got {type(cache).__name__}")
+        return 0 if cache is None else len(cache)
+
+    # ------------------------------------------------------------------ forward
+    def forward(self, x: Tensor, cache: MLACache | None = None, *, absorbed: bool = False) -> Tensor:
+        """Causal MLA over x (and whatever ``cache`` holds before it).
+
+        Args:
+            x: (B, L, d_model), the new tokens; their positions are len(cache) + 0 .. L-1.
+            cache: an ``MLACache`` (updated in place) or None.
+            absorbed: False = naive form (expand the latents to per-head keys and values);
+                True = absorbed form (attend over the latents directly).
+
+        Returns:
+            (B, L, d_model).
+        """
+        start = self._check(x, cache)
+        B, L, _ = x.shape
+        positions = torch.arange(start, start + L, device=x.device)
+        q_nope, q_rope = self.queries(x, positions)                       # (B, h, L, nope), (B, h, L, rope)
+        c_kv, k_rope = self.latents(x, positions)                         # (B, L, d_c), (B, L, rope)
+        if cache is not None:
+            c_kv, k_rope = cache.update(c_kv, k_rope)                     # (B, S, d_c), (B, S, rope)
+        S = c_kv.shape[1]
+        mask = None if L == 1 else causal_mask(L, S, bottom_right=True, device=x.device)   # (L, S)
+        if absorbed:
+            o = self._absorbed(q_nope, q_rope, c_kv, k_rope, mask)        # (B, L, d)
+        else:
+            o = self._naive(q_nope, q_rope, c_kv, k_rope, mask)
+        return o
+
+    def _naive(self, q_nope, q_rope, c_kv, k_rope, mask) -> Tensor:
+        """Expand every cached latent into h keys and values, then ordinary multi-head attention."""
+        B, S, _ = c_kv.shape
+        kv = self.kv_b_proj(c_kv).view(B, S, self.n_heads, self.qk_nope_head_dim + self.v_head_dim)
+        k_nope, v = kv.transpose(1, 2).split([self.qk_nope_head_dim, self.v_head_dim], dim=-1)  # (B, h, S, .)
+        k_rope = k_rope[:, None].expand(B, self.n_heads, S, self.qk_rope_head_dim)  # one RoPE key for all heads
+        q = torch.cat([q_nope, q_rope], dim=-1)                           # (B, h, L, nope + rope)
+        k = torch.cat([k_nope, k_rope], dim=-1)                           # (B, h, S, nope + rope)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)   # (B, h, L, v_head_dim)
+        return self.o_proj(o.transpose(1, 2).reshape(B, q.shape[2], -1))
+
+    def _absorbed(self, q_nope, q_rope, c_kv, k_rope, mask) -> Tensor:
+        """Fold W^UK into the query and W^UV into the output: attention over the latents (MQA-like)."""
+        w_uk, w_uv = self.up_projections()                                # (h, nope, d_c), (h, v, d_c)
+        q_latent = torch.einsum("bhln,hnc->bhlc", q_nope, w_uk)           # (B, h, L, d_c): W^UK^T q^C
+        q = torch.cat([q_latent, q_rope], dim=-1)                         # (B, h, L, d_c + rope)
+        k = torch.cat([c_kv, k_rope], dim=-1)[:, None]                    # (B, 1, S, d_c + rope): shared by heads
+        v = c_kv[:, None]                                                 # (B, 1, S, d_c)
+        o_latent = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale,
+                                                  enable_gqa=True)        # (B, h, L, d_c): one K/V head
+        w_o = self.o_proj.weight.view(self.d_model, self.n_heads, self.v_head_dim)           # (d, h, v)
+        w_o_uv = torch.einsum("dhv,hvc->dhc", w_o, w_uv)                  # (d, h, d_c): W^O_i W^UV_i
+        return torch.einsum("bhlc,dhc->bld", o_latent, w_o_uv)            # (B, L, d)
