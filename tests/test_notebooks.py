@@ -95,7 +95,12 @@ def test_further_reading_lists_primary_sources_before_the_timing(path):
     nb = load(path)
     i, cell = further_reading(nb)
     assert cell is not None, f"{path.name}: add a markdown cell starting '## Further reading'"
-    entries = [line for line in cell.source.splitlines() if line.startswith("- ")]
+    entries = []                                    # one entry per list item, its wrapped lines joined
+    for line in cell.source.splitlines():
+        if line.startswith("- "):
+            entries.append(line)
+        elif entries and line.startswith("  ") and line.strip():
+            entries[-1] += " " + line.strip()
     assert entries, f"{path.name}: Further reading lists no source ('- Authors (Year). Title. Venue.')"
     for entry in entries:
         assert REFERENCE.match(entry), f"{path.name}: write '- Authors (Year). Title. Venue or arXiv id.': {entry}"
