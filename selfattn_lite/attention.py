@@ -14,7 +14,7 @@ import math
 import torch
 from torch import Tensor
 
-__all__ = ["scaled_dot_product_attention", "safe_softmax", "validate_qkv", "validate_mask"]
+__all__ = ["scaled_dot_product_attention", "attention_backward", "safe_softmax", "validate_qkv", "validate_mask"]
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -178,3 +178,75 @@ def scaled_dot_product_attention(
         weights = torch.dropout(weights, dropout_p, train=True)
     output = weights @ v                                # (..., Hq, L, Ev)
     return output.to(dtype), weights.to(dtype)
+
+
+def attention_backward(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    grad_out: Tensor,
+    *,
+    attn_mask: Tensor | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Gradients of O = softmax(Q K^T * scale + M) V with respect to q, k and v, by hand.
+
+    With S = scale Q K^T + M, P = softmax(S) (row by row) and O = P V, and dO = grad_out:
+
+        dV = P^T dO
+        dP = dO V^T
+        dS = P * (dP - rowsum(dP * P))         the softmax Jacobian, one row at a time
+        dQ = scale dS K
+        dK = scale dS^T Q
+
+    The same numbers as autograd through ``torch.nn.functional.scaled_dot_product_attention``
+    (no dropout). A fully masked query row has P = 0, so it sends no gradient anywhere. With
+    ``enable_gqa`` each key/value head serves g = Hq / H query heads, so its dK and dV are the
+    sums over those g heads; leading dims that were broadcast are summed the same way.
+
+    Args:
+        q: (..., Hq, L, E) queries; k: (..., H, S, E) keys; v: (..., H, S, Ev) values.
+        grad_out: (..., Hq, L, Ev) the gradient of the loss with respect to the output O.
+        attn_mask, is_causal, scale, enable_gqa: as in ``scaled_dot_product_attention``.
+
+    Returns:
+        (dq, dk, dv), shaped like q, k and v, in their dtype (computed in float32 for half inputs).
+    """
+    validate_qkv(q, k, v, enable_gqa=enable_gqa)
+    if not isinstance(grad_out, Tensor):
+        raise ValueError(f"grad_out must be a torch.Tensor, got {type(grad_out).__name__}")
+    q_lead, k_lead = q.shape[:-2], k.shape[:-2]
+    if enable_gqa:
+        k_lead = (*k_lead[:-1], q_lead[-1])
+    out_shape = (*torch.broadcast_shapes(q_lead, k_lead), q.shape[-2], v.shape[-1])
+    if tuple(grad_out.shape) != out_shape:
+        raise ValueError(f"grad_out must have the output's shape {'(' + ', '.join(map(str, out_shape)) + ')'} "
+                         f"(query {_shape(q)}, value {_shape(v)}), got {_shape(grad_out)}")
+    if grad_out.dtype != q.dtype:
+        raise ValueError(f"grad_out must have the inputs' dtype {q.dtype}, got {grad_out.dtype}")
+    E = q.shape[-1]
+    scale = 1.0 / math.sqrt(E) if scale is None else float(scale)
+    compute = torch.float32 if q.dtype in HALF_DTYPES else q.dtype
+    qc, kc, vc, do = (t.to(compute) for t in (q, k, v, grad_out))
+
+    group = q.shape[-3] // k.shape[-3] if enable_gqa else 1
+    if group > 1:
+        kc = kc.repeat_interleave(group, dim=-3)            # (..., Hq, S, E)
+        vc = vc.repeat_interleave(group, dim=-3)            # (..., Hq, S, Ev)
+    _, p = scaled_dot_product_attention(qc, kc, vc, attn_mask=attn_mask, is_causal=is_causal,
+                                        scale=scale)        # P: (..., Hq, L, S)
+
+    dv = p.transpose(-2, -1) @ do                           # (..., Hq, S, Ev)
+    dp = do @ vc.transpose(-2, -1)                          # (..., Hq, L, S)
+    ds = p * (dp - (dp * p).sum(dim=-1, keepdim=True))      # (..., Hq, L, S)
+    dq = scale * (ds @ kc)                                  # (..., Hq, L, E)
+    dk = scale * (ds.transpose(-2, -1) @ qc)                # (..., Hq, S, E)
+
+    if group > 1:                                           # each K/V head: sum over its g query heads
+        dk = dk.unflatten(-3, (k.shape[-3], group)).sum(dim=-3)   # (..., H, S, E)
+        dv = dv.unflatten(-3, (k.shape[-3], group)).sum(dim=-3)   # (..., H, S, Ev)
+    # broadcast leading dims: sum the gradient back to each input's own shape
+    dq, dk, dv = dq.sum_to_size(q.shape), dk.sum_to_size(k.shape), dv.sum_to_size(v.shape)
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)

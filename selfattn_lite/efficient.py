@@ -40,6 +40,7 @@ __all__ = [
     "online_softmax",
     "tile_plan",
     "flash_attention",
+    "flash_attention_backward",
     "sliding_window_mask",
     "sliding_window_attention",
     "elu_feature_map",
@@ -191,7 +192,9 @@ def _attend_query_block(q: Tensor, k: Tensor, v: Tensor, q0: int, block_k: int, 
         k: (N, S, E) keys; v: (N, S, Ev) values.
 
     Returns:
-        (N, Bq, Ev) softmax(q k^T + M) v in the ``compute`` dtype.
+        (N, Bq, Ev) softmax(q k^T + M) v in the ``compute`` dtype, and (N, Bq, 1) the row's
+        log-sum-exp in base 2, m + log2(l) (-inf for a row that saw no key): all the backward
+        pass needs to recompute any tile of P.
     """
     N, Bq, _ = q.shape
     S, Ev = k.shape[1], v.shape[-1]
@@ -220,12 +223,13 @@ def _attend_query_block(q: Tensor, k: Tensor, v: Tensor, q0: int, block_k: int, 
         else:                                                   # half inputs: p @ v in half, sum in float32
             acc.mul_(alpha).add_(torch.bmm(p.to(v.dtype), v[:, k0:k1]))
         m = m_new
-    return acc / l.masked_fill(l == 0, 1.0)                     # a row that saw no key: output 0
+    return acc / l.masked_fill(l == 0, 1.0), m + torch.log2(l)  # a row that saw no key: output 0, lse -inf
 
 
 def flash_attention(q: Tensor, k: Tensor, v: Tensor, *, is_causal: bool = False,
                     block_size=None, scale: float | None = None,
-                    window: int | None = None) -> Tensor:
+                    window: int | None = None, enable_gqa: bool = False,
+                    return_lse: bool = False) -> Tensor | tuple[Tensor, Tensor]:
     """softmax(Q K^T * scale + M) V computed tile by tile, never forming the L x S matrix.
 
     Same result as ``torch.nn.functional.scaled_dot_product_attention`` (up to float
@@ -252,21 +256,25 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, *, is_causal: bool = False,
         scale: multiplies the scores; default 1 / sqrt(E).
         window: sliding window: query i sees only keys with |i - j| < window (and j <= i
             when causal); tiles outside the band are skipped. None: no window.
+        enable_gqa: q (..., Hq, L, E) with k, v (..., H, S, E): key/value head j serves
+            query heads j*g .. (j+1)*g - 1, g = Hq / H (as torch's ``enable_gqa``).
+        return_lse: also return the log-sum-exp of each query's scores.
+
+    Differentiable: the forward keeps only the output O and the log-sum-exp; the backward
+    (``flash_attention_backward``) recomputes P tile by tile from them and never forms an
+    L x S matrix either.
 
     Returns:
         (..., L, Ev) output in q's dtype. Half-precision inputs: the matmuls run in half
         precision, the softmax statistics and the running output in float32 (as FlashAttention
-        does). A query that sees no key gets a zero output.
+        does). A query that sees no key gets a zero output. With ``return_lse``, also
+        (..., L) lse = log sum_j exp(s_ij) (natural log; -inf for a query that sees no key),
+        in float32 for half inputs.
 
     Raises:
-        ValueError: on shapes that do not fit, a bad block size or window, or inputs that
-            require grad (this is the forward pass only).
+        ValueError: on shapes that do not fit, or a bad block size or window.
     """
-    validate_qkv(q, k, v)
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        raise ValueError("flash_attention is a forward pass only (it updates its running sums in place, as the "
-                         "fused kernel does), but q, k or v requires grad: call it under torch.no_grad(), or train "
-                         "with F.scaled_dot_product_attention, whose FlashAttention backward recomputes the tiles")
+    validate_qkv(q, k, v, enable_gqa=enable_gqa)
     block_q, block_k = _block_sizes(default_block_size(q.device) if block_size is None else block_size)
     L, S, E, Ev = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
     if L == 0 or S == 0:
@@ -276,16 +284,117 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, *, is_causal: bool = False,
     scale = 1.0 / math.sqrt(E) if scale is None else float(scale)
     compute = torch.float32 if q.dtype in HALF_DTYPES else q.dtype
 
+    if enable_gqa and q.shape[-3] != k.shape[-3]:       # autograd sums dK, dV over each group
+        group = q.shape[-3] // k.shape[-3]
+        k, v = k.repeat_interleave(group, dim=-3), v.repeat_interleave(group, dim=-3)   # (..., Hq, S, E)
+
     batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
     q3 = q.expand(*batch, L, E).reshape(-1, L, E)       # (N, L, E), N = product of the batch dims
     k3 = k.expand(*batch, S, E).reshape(-1, S, E)       # (N, S, E)
     v3 = v.expand(*batch, S, Ev).reshape(-1, S, Ev)     # (N, S, Ev)
 
-    out = torch.empty(q3.shape[0], L, Ev, dtype=q.dtype, device=q.device)   # (N, L, Ev)
+    tiles = (scale, block_q, block_k, below, above, compute)
+    out, lse2 = _FlashAttention.apply(q3, k3, v3, tiles)   # (N, L, Ev), (N, L, 1) base-2 lse
+    out = out.reshape(*batch, L, Ev)
+    if return_lse:
+        return out, (lse2 / LOG2_E).reshape(*batch, L)   # log2 -> natural log
+    return out
+
+
+def _flash_forward(q: Tensor, k: Tensor, v: Tensor, tiles: tuple) -> tuple[Tensor, Tensor]:
+    """The tiled forward on (N, L, E), (N, S, E), (N, S, Ev): output (N, L, Ev) and base-2 lse (N, L, 1)."""
+    scale, block_q, block_k, below, above, compute = tiles
+    N, L, Ev = q.shape[0], q.shape[1], v.shape[-1]
+    out = torch.empty(N, L, Ev, dtype=q.dtype, device=q.device)       # (N, L, Ev)
+    lse2 = torch.empty(N, L, 1, dtype=compute, device=q.device)      # (N, L, 1)
     for q0 in range(0, L, block_q):
-        q_block = q3[:, q0:q0 + block_q] * (scale * LOG2_E)   # (N, Bq, E): scale once per query, in base 2
-        out[:, q0:q0 + block_q] = _attend_query_block(q_block, k3, v3, q0, block_k, below, above, compute)
-    return out.reshape(*batch, L, Ev)
+        q_block = q[:, q0:q0 + block_q] * (scale * LOG2_E)   # (N, Bq, E): scale once per query, in base 2
+        out[:, q0:q0 + block_q], lse2[:, q0:q0 + block_q] = _attend_query_block(
+            q_block, k, v, q0, block_k, below, above, compute)
+    return out, lse2
+
+
+def flash_attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse2: Tensor, grad_out: Tensor,
+                             tiles: tuple, grad_lse: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """FlashAttention's backward: dQ, dK, dV tile by tile, P recomputed from the log-sum-exp.
+
+    The forward kept only O and lse; any tile of P comes back as P_tile = exp(S_tile - lse).
+    The softmax Jacobian's row term rowsum(dP * P) equals D = rowsum(dO * O) (because O = P V,
+    rowsum(dP * P) = rowsum((dO V^T) * P) = rowsum(dO * (P V))), an (L,) vector computed once.
+    Then, for every tile (query block i, key block j) the forward computed:
+
+        P_ij = exp(S_ij - lse_i)          S_ij = scale Q_i K_j^T (+ mask)
+        dV_j += P_ij^T dO_i
+        dP_ij = dO_i V_j^T
+        dS_ij = P_ij * (dP_ij - D_i)
+        dQ_i += scale dS_ij K_j
+        dK_j += scale dS_ij^T Q_i
+
+    Peak extra memory: a few (N, block_q, block_k) tiles, never (N, L, S). Tiles the forward
+    skipped (causal, window) are skipped here too.
+
+    Args:
+        q: (N, L, E), k: (N, S, E), v: (N, S, Ev), out: (N, L, Ev), lse2: (N, L, 1) base-2
+            log-sum-exp from the forward, grad_out: (N, L, Ev).
+        tiles: (scale, block_q, block_k, below, above, compute dtype) as in the forward.
+        grad_lse: optional (N, L, 1) gradient with respect to the natural-log lse
+            (d lse / d S = P, so it adds P * grad_lse to dS).
+
+    Returns:
+        (dq, dk, dv) in the inputs' dtypes.
+    """
+    scale, block_q, block_k, below, above, compute = tiles
+    L, S = q.shape[1], k.shape[1]
+    dq = torch.zeros(q.shape, dtype=compute, device=q.device)        # (N, L, E)
+    dk = torch.zeros(k.shape, dtype=compute, device=q.device)        # (N, S, E)
+    dv = torch.zeros(v.shape, dtype=compute, device=q.device)        # (N, S, Ev)
+    do = grad_out.to(compute)
+    D = (do * out.to(compute)).sum(dim=-1, keepdim=True)             # (N, L, 1) = rowsum(dP * P)
+    if grad_lse is not None:
+        D = D - grad_lse.to(compute)
+    lse2 = lse2.masked_fill(lse2 == float("-inf"), float("inf"))    # a row that saw no key: P = 2^(-inf) = 0
+    for q0 in range(0, L, block_q):
+        q1 = min(q0 + block_q, L)
+        q_i = q[:, q0:q1].to(compute)                                 # (N, Bq, E)
+        q_scaled = q_i * (scale * LOG2_E)                             # base 2, as in the forward
+        do_i, D_i, lse_i = do[:, q0:q1], D[:, q0:q1], lse2[:, q0:q1]
+        for k0 in range(0, S, block_k):
+            k1 = min(k0 + block_k, S)
+            kind = _tile_kind(q0, q1, k0, k1, below, above)
+            if kind == SKIP:
+                continue
+            if kind == PARTIAL:                                       # the same trim as the forward
+                k0, k1 = max(k0, q0 - below), min(k1, q1 - 1 + above + 1)
+                kind = _tile_kind(q0, q1, k0, k1, below, above)
+            k_j, v_j = k[:, k0:k1].to(compute), v[:, k0:k1].to(compute)   # (N, Bk, E), (N, Bk, Ev)
+            p = torch.bmm(q_scaled, k_j.transpose(1, 2)).sub_(lse_i).exp2_()   # (N, Bq, Bk) P recomputed
+            if kind == PARTIAL:
+                p.masked_fill_(~_band_mask(q0, q1, k0, k1, below, above, q.device), 0.0)
+            dv[:, k0:k1].baddbmm_(p.transpose(1, 2), do_i)            # dV_j += P^T dO_i
+            dp = torch.bmm(do_i, v_j.transpose(1, 2))                 # (N, Bq, Bk) dP = dO_i V_j^T
+            ds = dp.sub_(D_i).mul_(p)                                 # dS = P * (dP - D_i), in place
+            dq[:, q0:q1].baddbmm_(ds, k_j)                            # dQ_i += dS K_j
+            dk[:, k0:k1].baddbmm_(ds.transpose(1, 2), q_i)            # dK_j += dS^T Q_i
+    return (dq.mul_(scale).to(q.dtype), dk.mul_(scale).to(k.dtype), dv.to(v.dtype))
+
+
+class _FlashAttention(torch.autograd.Function):
+    """flash_attention as an autograd op: saves (q, k, v, O, lse), never P."""
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, tiles: tuple):
+        out, lse2 = _flash_forward(q, k, v, tiles)
+        ctx.save_for_backward(q, k, v, out, lse2)
+        ctx.tiles = tiles
+        return out, lse2
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor, grad_lse2: Tensor):
+        q, k, v, out, lse2 = ctx.saved_tensors
+        # lse2 = lse / ln 2 was returned; the caller's natural-log lse = lse2 * ln 2 = lse2 / LOG2_E
+        grad_lse = None if grad_lse2 is None else grad_lse2 * LOG2_E
+        dq, dk, dv = flash_attention_backward(q, k, v, out, lse2, grad_out, ctx.tiles, grad_lse)
+        return dq, dk, dv, None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -73,6 +73,7 @@ class DecoderConfig:
         norm: "rmsnorm" or "layernorm".
         tie_embeddings: reuse the embedding matrix as the output layer.
         dropout: dropout on each block's two residual branches (training only).
+        causal: the causal mask (False only for notebook 11's experiment: a model that sees the future).
     """
 
     vocab_size: int
@@ -86,6 +87,7 @@ class DecoderConfig:
     norm: str = "rmsnorm"
     tie_embeddings: bool = True
     dropout: float = 0.0
+    causal: bool = True
 
     def __post_init__(self):
         if self.n_kv_heads is None:
@@ -173,7 +175,7 @@ class DecoderBlock(nn.Module):
     def __init__(self, config: DecoderConfig, rope: RotaryEmbedding):
         super().__init__()
         self.norm1 = _norm(config)
-        self.attn = MultiHeadAttention(config.d_model, config.n_heads, config.n_kv_heads, causal=True,
+        self.attn = MultiHeadAttention(config.d_model, config.n_heads, config.n_kv_heads, causal=config.causal,
                                        bias=False, rope=rope)
         self.norm2 = _norm(config)
         self.mlp = MLP(config.d_model, config.d_ff)

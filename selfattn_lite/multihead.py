@@ -68,7 +68,13 @@ class MultiHeadAttention(nn.Module):
 
     Submodules: ``q_proj`` (d -> d), ``k_proj`` and ``v_proj`` (d -> n_kv_heads * head_dim),
     ``out_proj`` (d -> d), all ``nn.Linear``.
+
+    Attribute ``attn_fn``: None (torch's fused SDPA) or a function used in its place when
+    ``need_weights`` is False, called as ``attn_fn(q, k, v, is_causal=..., enable_gqa=...)``
+    (plus ``attn_mask=`` when there is a mask), e.g. ``efficient.flash_attention`` (notebook 11).
     """
+
+    attn_fn = None
 
     def __init__(self, d_model: int, n_heads: int, n_kv_heads: int | None = None, *, causal: bool = False,
                  bias: bool = True, rope=None, dropout: float = 0.0, kdim: int | None = None,
@@ -297,8 +303,13 @@ class MultiHeadAttention(nn.Module):
         return y, weights
 
     def _fused(self, q: Tensor, k: Tensor, v: Tensor, mask, dropout_p: float, is_causal: bool) -> Tensor:
-        """torch's fused SDPA; (B, h, L, head_dim)."""
+        """torch's fused SDPA (or ``self.attn_fn``); (B, h, L, head_dim)."""
         group = self.n_heads // self.n_kv_heads
+        if self.attn_fn is not None:
+            if dropout_p > 0:
+                raise ValueError(f"attn_fn does not take attention dropout, but dropout_p={dropout_p}")
+            masks = {} if mask is None else {"attn_mask": mask}
+            return self.attn_fn(q, k, v, is_causal=is_causal, enable_gqa=group > 1, **masks)
         if group == 1:
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal)
         if _SDPA_GQA:

@@ -55,11 +55,12 @@ def batches(ids: torch.Tensor, batch: int, seq_len: int, generator: torch.Genera
         yield torch.stack([ids[s:s + seq_len + 1] for s in starts.tolist()])
 
 
-def save(model: TinyDecoder, info: dict, weights: Path, config: Path) -> None:
+def save(model: TinyDecoder, info: dict, weights: Path, config: Path,
+         save_dtype: torch.dtype = torch.float32) -> None:
     """Weights as safetensors (the tied output layer stored once), the rest as JSON."""
     from safetensors.torch import save_file
 
-    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    state = {k: v.detach().to(save_dtype).contiguous() for k, v in model.state_dict().items()}
     if model.config.tie_embeddings:
         del state["lm_head.weight"]  # the same tensor as embed.weight
     weights.parent.mkdir(parents=True, exist_ok=True)
@@ -70,15 +71,22 @@ def save(model: TinyDecoder, info: dict, weights: Path, config: Path) -> None:
 
 def train(steps: int = 800, batch: int = 8, lr: float = 3e-3, warmup: int = 40, weight_decay: float = 0.1,
           seed: int = 0, eval_every: int = 100, weights: Path = WEIGHTS_FILE, config: Path = CONFIG_FILE,
-          progress: bool = True) -> TinyDecoder:
-    """Train from scratch and save; returns the trained model (eval mode)."""
+          progress: bool = True, model_overrides: dict | None = None,
+          save_dtype: torch.dtype = torch.float32) -> TinyDecoder:
+    """Train from scratch and save; returns the trained model (eval mode).
+
+    ``model_overrides`` changes entries of ``MODEL`` (e.g. ``{"n_kv_heads": 2, "max_len": 256}``;
+    ``max_len`` is also the training window). ``save_dtype`` bfloat16 halves the file; the final
+    held-out loss is then measured on the weights as saved (rounded), so a reload reproduces it.
+    """
+    shape = {**MODEL, **(model_overrides or {})}
     torch.manual_seed(seed)
     text = load_text()
     tokenizer = CharTokenizer.from_text(text)
     train_text, val_text = split_text(text)
     train_ids, val_ids = tokenizer.encode(train_text), tokenizer.encode(val_text)
 
-    model = TinyDecoder(DecoderConfig(vocab_size=len(tokenizer), **MODEL))
+    model = TinyDecoder(DecoderConfig(vocab_size=len(tokenizer), **shape))
     seq_len = model.config.max_len
     decay = [p for p in model.parameters() if p.dim() == 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
@@ -109,9 +117,13 @@ def train(steps: int = 800, batch: int = 8, lr: float = 3e-3, warmup: int = 40, 
     seconds = time.perf_counter() - start
 
     model.eval()
+    if save_dtype != torch.float32:   # round the weights as they will be stored, then measure
+        with torch.no_grad():
+            for p in model.parameters():
+                p.copy_(p.to(save_dtype).float())
     final = evaluate(model, val_ids, n_windows=16)
     info = {
-        "model": {"vocab_size": len(tokenizer), **MODEL},
+        "model": {"vocab_size": len(tokenizer), **shape},
         "vocab": tokenizer.chars,
         "n_params": model.n_params(),
         "data": {"file": TEXT_FILE.name, "chars": len(text), "sha256": hashlib.sha256(text.encode()).hexdigest(),
@@ -119,11 +131,13 @@ def train(steps: int = 800, batch: int = 8, lr: float = 3e-3, warmup: int = 40, 
         "training": {"steps": steps, "batch": batch, "seq_len": seq_len, "tokens": steps * batch * seq_len,
                      "lr": lr, "warmup": warmup, "weight_decay": weight_decay, "seed": seed,
                      "seconds": round(seconds, 1), "threads": torch.get_num_threads(),
-                     "torch": torch.__version__, "history": history},
+                     "torch": torch.__version__, "history": history,
+                     **({"weights_dtype": str(save_dtype).removeprefix("torch.")} if save_dtype != torch.float32
+                        else {})},
         "val_loss": round(final["loss"], 4),
         "val_accuracy": round(final["accuracy"], 4),
     }
-    save(model, info, Path(weights), Path(config))
+    save(model, info, Path(weights), Path(config), save_dtype)
     return model
 
 
@@ -135,18 +149,36 @@ def main(argv=None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--out", type=Path, default=WEIGHTS_FILE.parent, help="folder for the two output files")
+    # Notebook 11's variants (defaults: the shipped model, unchanged)
+    parser.add_argument("--name", default=WEIGHTS_FILE.stem, help="file stem: NAME.safetensors and NAME.json")
+    parser.add_argument("--n-kv-heads", type=int, default=None, help="K/V heads (8 = MHA, 2 = GQA, 1 = MQA)")
+    parser.add_argument("--seq-len", type=int, default=None, help="training window = the model's max_len")
+    parser.add_argument("--no-causal", action="store_true", help="train without the causal mask (it sees the future)")
+    parser.add_argument("--warmup", type=int, default=40)
+    parser.add_argument("--eval-every", type=int, default=100)
+    parser.add_argument("--save-dtype", choices=["float32", "bfloat16"], default="float32")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    model = train(steps=args.steps, batch=args.batch, lr=args.lr, seed=args.seed,
-                  weights=args.out / WEIGHTS_FILE.name, config=args.out / CONFIG_FILE.name)
-    info = json.loads((args.out / CONFIG_FILE.name).read_text())
-    print(f"saved {args.out / WEIGHTS_FILE.name} ({model.n_params():,} parameters); "
+    overrides = {}
+    if args.n_kv_heads is not None:
+        overrides["n_kv_heads"] = args.n_kv_heads
+    if args.seq_len is not None:
+        overrides["max_len"] = args.seq_len
+    if args.no_causal:
+        overrides["causal"] = False
+    weights, config = args.out / f"{args.name}.safetensors", args.out / f"{args.name}.json"
+    model = train(steps=args.steps, batch=args.batch, lr=args.lr, seed=args.seed, warmup=args.warmup,
+                  eval_every=args.eval_every, weights=weights, config=config, model_overrides=overrides,
+                  save_dtype=getattr(torch, args.save_dtype))
+    info = json.loads(config.read_text())
+    print(f"saved {weights} ({model.n_params():,} parameters); "
           f"held-out loss {info['val_loss']:.3f} nats/char, accuracy {info['val_accuracy']:.1%}, "
           f"{info['training']['seconds']:.0f} s")
     tok = CharTokenizer(info["vocab"])
     prompt = "ROMEO:\n"
-    print(prompt + tok.decode(model.generate(tok.encode(prompt), 200)[0, len(prompt):]))
+    new_tokens = min(200, model.config.max_len - len(prompt))   # a short --seq-len leaves less room
+    print(prompt + tok.decode(model.generate(tok.encode(prompt), new_tokens)[0, len(prompt):]))
 
 
 if __name__ == "__main__":

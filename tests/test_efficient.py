@@ -298,13 +298,13 @@ def test_bad_input_raises_value_error(call, fragment):
     assert fragment in str(info.value)
 
 
-def test_flash_attention_is_forward_only():
+def test_flash_attention_takes_inputs_that_require_grad():
+    """It used to refuse them (forward only); now it has a backward (tests/test_backward.py)."""
     q, k, v = qkv((2,), 7, 7, 4, 4)
     q.requires_grad_()
-    with pytest.raises(ValueError, match="no_grad"):
-        flash_attention(q, k, v)
-    with torch.no_grad():
-        torch.testing.assert_close(flash_attention(q, k, v), F.scaled_dot_product_attention(q, k, v))
+    out = flash_attention(q, k, v)
+    assert out.requires_grad
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v))
 
 
 def test_flash_attention_is_exported_from_the_package():

@@ -1,0 +1,195 @@
+"""Notebook 11's benchmark: forward + backward of explicit, tiled and fused attention, time and memory.
+
+    python -m selfattn_lite.bench_backward --out figures/bench_backward_cpu.json
+
+writes a JSON of every measurement and, next to it, a plot (same name, .png). One training
+step of attention is timed: the forward, then the backward for a fixed dO, returning dQ, dK
+and dV. Before anything is timed, the three implementations' gradients are checked against
+torch SDPA's with ``assert_close``.
+
+* explicit: ``selfattn_lite.scaled_dot_product_attention`` under autograd, which keeps the
+  (B, h, n, n) weights (and more) for the backward;
+* tiled: ``efficient.flash_attention``, whose backward recomputes P tile by tile from the
+  saved log-sum-exp and keeps only O(n) per head;
+* torch SDPA: ``F.scaled_dot_product_attention`` (its fused CPU kernel has its own tiled backward).
+
+Peak memory comes from ``efficient.peak_memory`` (CPU: the profiler's allocation log;
+CUDA: the caching allocator's peak), above the inputs; the gradients themselves count.
+
+The targets (issue 14), at n = 4096, B = 1, h = 8, dk = 64, float32 on CPU: the tiled version's
+peak memory at most 1/8 of explicit attention's, its time within 3x of SDPA's. Run as a script,
+the benchmark checks them and says PASSED or FAILED; no test times anything.
+
+Like ``bench_efficient``, the command line restarts itself once with ``OMP_WAIT_POLICY=PASSIVE``
+unless it is set (idle OpenMP threads then sleep instead of spinning on a shared machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from . import bench
+from .attention import scaled_dot_product_attention
+from .bench_efficient import EXPLICIT, SDPA, TILED, attention_inputs, plot_scaling
+from .efficient import default_block_size, flash_attention, peak_memory
+
+__all__ = ["TARGET_MEMORY_RATIO", "TARGET_TIME_RATIO", "forward_backward", "implementations", "measure",
+           "check_targets", "run", "main"]
+
+TARGET_MEMORY_RATIO, TARGET_TIME_RATIO = 1 / 8, 3.0
+
+
+def forward_backward(attn, q, k, v, grad_out, **kwargs) -> tuple:
+    """One training step of attention: out = attn(q, k, v, **kwargs), then (dq, dk, dv) for dO = grad_out.
+
+    Works under ``torch.no_grad()`` too (it turns grad on for itself), so ``bench.compare``
+    and ``peak_memory`` can call it.
+    """
+    with torch.enable_grad():
+        q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+        out = attn(q, k, v, **kwargs)
+        return torch.autograd.grad(out, (q, k, v), grad_out)
+
+
+def _explicit(q, k, v, **kwargs):
+    return scaled_dot_product_attention(q, k, v, **kwargs)[0]
+
+
+def implementations(q, k, v, grad_out, *, is_causal: bool = False, block_size=None,
+                    explicit: bool = True) -> dict:
+    """name -> zero-argument callable returning (dq, dk, dv), for ``bench.compare`` and ``peak_memory``."""
+    calls = {SDPA: lambda: forward_backward(F.scaled_dot_product_attention, q, k, v, grad_out, is_causal=is_causal),
+             TILED: lambda: forward_backward(flash_attention, q, k, v, grad_out, is_causal=is_causal,
+                                             block_size=block_size)}
+    if explicit:
+        calls[EXPLICIT] = lambda: forward_backward(_explicit, q, k, v, grad_out, is_causal=is_causal)
+    return calls
+
+
+def _check_all_grads(calls: dict, atol: float = 1e-4, rtol: float = 1e-4) -> None:
+    """dq, dk and dv of every implementation agree with torch SDPA's (``bench.compare`` checks dq only)."""
+    expected = calls[SDPA]()
+    for name, fn in calls.items():
+        for which, got, want in zip("qkv", fn(), expected, strict=True):
+            torch.testing.assert_close(got, want, atol=atol, rtol=rtol,
+                                       msg=lambda m, n=name, w=which: f"{n}: d{w} disagrees with SDPA's: {m}")
+
+
+def _inputs(B, H, n, D, dtype=torch.float32, device="cpu"):
+    q, k, v = attention_inputs(B, H, n, D, dtype=dtype, device=device)
+    grad_out = attention_inputs(B, H, n, D, dtype=dtype, device=device, seed=1)[0]
+    return q, k, v, grad_out
+
+
+def measure(ns, *, B: int = 1, H: int = 8, D: int = 64, dtype=torch.float32, device="cpu",
+            is_causal: bool = False, block_size=None, budget_s: float = 0.5) -> list[dict]:
+    """Time and peak memory of forward + backward of the three implementations at each n.
+
+    Returns:
+        One dict per (n, implementation): n, impl, ms, ratio_vs_sdpa, peak_mib, max_abs_err (of dq).
+    """
+    device = torch.device(device)
+    records = []
+    for n in ns:
+        q, k, v, grad_out = _inputs(B, H, n, D, dtype, device)
+        flops = 3.5 * bench.attention_flops(B, H, n, n, D, causal=is_causal)   # backward ~ 2.5x the forward
+        calls = implementations(q, k, v, grad_out, is_causal=is_causal, block_size=block_size)
+        _check_all_grads(calls, **({} if dtype == torch.float32 else dict(atol=5e-2, rtol=5e-2)))
+        rows = bench.compare(calls, reference=SDPA, flops=flops, device=device, budget_s=budget_s)
+        for row in rows:
+            peak = peak_memory(calls[row.name], device) / 2**20
+            records.append(dict(n=n, impl=row.name, ms=row.ms, ratio_vs_sdpa=row.ratio, peak_mib=peak,
+                                max_abs_err=row.max_abs_err, flops=flops, device=row.device, dtype=row.dtype,
+                                gflops=row.gflops))
+        del q, k, v, grad_out, calls
+    return records
+
+
+def check_targets(*, n: int = 4096, B: int = 1, H: int = 8, D: int = 64, rounds: int = 3,
+                  block_size=None, budget_s: float = 1.0) -> dict:
+    """The CPU targets at n = 4096, float32: memory and time ratios of forward + backward.
+
+    The time ratio tiled / SDPA is measured ``rounds`` times (each one ``bench.compare`` run,
+    so both see the same machine load); the median is reported with every round.
+    """
+    q, k, v, grad_out = _inputs(B, H, n, D)
+    calls = implementations(q, k, v, grad_out, block_size=block_size)
+    _check_all_grads(calls)
+    memory = {name: peak_memory(fn) / 2**20 for name, fn in calls.items()}
+    time_ratios, explicit_ratios = [], []
+    for _ in range(rounds):
+        rows = {r.name: r for r in bench.compare(calls, reference=SDPA, budget_s=budget_s)}
+        time_ratios.append(rows[TILED].ratio)
+        explicit_ratios.append(rows[EXPLICIT].ratio)
+    memory_ratio = memory[TILED] / memory[EXPLICIT]
+    time_ratio = statistics.median(time_ratios)
+    block_size = list(default_block_size("cpu")) if block_size is None else block_size
+    return dict(n=n, B=B, H=H, D=D, dtype="float32", block_size=block_size, peak_mib=memory,
+                memory_ratio_tiled_vs_explicit=memory_ratio, time_ratio_tiled_vs_sdpa=time_ratio,
+                time_ratio_rounds=time_ratios, time_ratio_explicit_vs_sdpa=statistics.median(explicit_ratios),
+                memory_target=TARGET_MEMORY_RATIO, time_target=TARGET_TIME_RATIO,
+                passed=bool(memory_ratio <= TARGET_MEMORY_RATIO and time_ratio <= TARGET_TIME_RATIO))
+
+
+def run(out: str | Path, *, device: str | None = None, ns=None, targets: bool = True,
+        budget_s: float = 0.5) -> dict:
+    """Measure, write ``out`` (JSON) and the plot next to it; return the results."""
+    device = torch.device(device) if device is not None else bench.best_device()
+    if device.type == "cuda":
+        B, H, D, dtype, default_ns = 1, 16, 128, torch.bfloat16, [1024, 2048, 4096, 8192]
+    else:
+        B, H, D, dtype, default_ns = 1, 8, 64, torch.float32, [256, 512, 1024, 2048, 4096]
+    ns = list(ns) if ns is not None else default_ns
+    records = measure(ns, B=B, H=H, D=D, dtype=dtype, device=device, budget_s=budget_s)
+    result = dict(what="forward + backward", device=bench.device_name(device), device_type=device.type,
+                  torch=torch.__version__, machine=platform.machine(), threads=torch.get_num_threads(), B=B, H=H,
+                  D=D, dtype=str(dtype).replace("torch.", ""), block_size=list(default_block_size(device)),
+                  omp_wait_policy=os.environ.get("OMP_WAIT_POLICY"), records=records)
+    if hasattr(os, "getloadavg"):
+        result["load_average_1min"] = os.getloadavg()[0]      # other work on the machine while measuring
+    if targets and device.type == "cpu":
+        result["targets"] = check_targets()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    fig = plot_scaling(records, title=f"forward + backward: {result['device']}, {result['dtype']}, "
+                                      f"B={B}, h={H}, dk={D}")
+    fig.savefig(out.with_suffix(".png"), dpi=110, bbox_inches="tight", metadata={"Software": None})
+    return result
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True, help="JSON path; the plot goes next to it (.png)")
+    parser.add_argument("--device", default=None, help="cpu or cuda (default: the best present)")
+    parser.add_argument("--ns", type=int, nargs="*", default=None, help="sequence lengths (default by device)")
+    parser.add_argument("--no-targets", action="store_true", help="skip the n=4096 CPU target check")
+    parser.add_argument("--keep-omp-policy", action="store_true",
+                        help="do not restart with OMP_WAIT_POLICY=PASSIVE when it is unset")
+    args = parser.parse_args(argv)
+    if argv is None and "OMP_WAIT_POLICY" not in os.environ and not args.keep_omp_policy:
+        env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
+        os.execve(sys.executable, [sys.executable, "-m", "selfattn_lite.bench_backward", *sys.argv[1:]], env)
+    result = run(args.out, device=args.device, ns=args.ns, targets=not args.no_targets)
+    for r in result["records"]:
+        print(f"n={r['n']:>6} {r['impl']:<26} {r['ms']:>10.2f} ms  {r['ratio_vs_sdpa']:>6.2f}x SDPA  "
+              f"peak {r['peak_mib']:>9.1f} MiB")
+    if "targets" in result:
+        t = result["targets"]
+        print(f"targets at n={t['n']} (forward + backward): tiled/explicit peak memory = "
+              f"{t['memory_ratio_tiled_vs_explicit']:.4f} (target <= {t['memory_target']:.3f}), tiled/SDPA time = "
+              f"{t['time_ratio_tiled_vs_sdpa']:.2f} (target <= {t['time_target']:.1f}; rounds "
+              f"{[round(x, 2) for x in t['time_ratio_rounds']]}): {'PASSED' if t['passed'] else 'FAILED'}")
+
+
+if __name__ == "__main__":
+    main()
