@@ -209,7 +209,8 @@ def _attend_query_block(q: Tensor, k: Tensor, v: Tensor, q0: int, block_k: int, 
         if kind == PARTIAL:                                     # drop key columns no query here may see
             k0, k1 = max(k0, q0 - below), min(k1, q0 + Bq - 1 + above + 1)
             kind = _tile_kind(q0, q0 + Bq, k0, k1, below, above)
-        s = torch.bmm(q, k[:, k0:k1].transpose(1, 2)).to(compute)   # (N, Bq, Bk) scores of this tile
+        k_tile, v_tile = k[:, k0:k1].to(compute), v[:, k0:k1].to(compute)   # half inputs: the tile in float32
+        s = torch.bmm(q, k_tile.transpose(1, 2))                # (N, Bq, Bk) scores of this tile
         if kind == PARTIAL:
             s.masked_fill_(~_band_mask(q0, q0 + Bq, k0, k1, below, above, q.device), float("-inf"))
         m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))  # (N, Bq, 1)
@@ -218,10 +219,7 @@ def _attend_query_block(q: Tensor, k: Tensor, v: Tensor, q0: int, block_k: int, 
         alpha = torch.exp2(m - m_new)                           # rescales what was summed so far
         p = s.sub_(m_new).exp2_()                               # in place: p = 2^(s - m_new)
         l.mul_(alpha).add_(p.sum(dim=-1, keepdim=True))
-        if p.dtype == v.dtype:
-            acc.mul_(alpha).baddbmm_(p, v[:, k0:k1])            # acc = acc * alpha + p @ v_tile
-        else:                                                   # half inputs: p @ v in half, sum in float32
-            acc.mul_(alpha).add_(torch.bmm(p.to(v.dtype), v[:, k0:k1]))
+        acc.mul_(alpha).baddbmm_(p, v_tile)                     # acc = acc * alpha + p @ v_tile
         m = m_new
     return acc / l.masked_fill(l == 0, 1.0), m + torch.log2(l)  # a row that saw no key: output 0, lse -inf
 
@@ -265,9 +263,11 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, *, is_causal: bool = False,
     L x S matrix either.
 
     Returns:
-        (..., L, Ev) output in q's dtype. Half-precision inputs: the matmuls run in half
-        precision, the softmax statistics and the running output in float32 (as FlashAttention
-        does). A query that sees no key gets a zero output. With ``return_lse``, also
+        (..., L, Ev) output in q's dtype. Half-precision inputs: each tile is upcast and
+        computed in float32 (scaled q, scores, softmax statistics, P @ V and the running output),
+        and the output is rounded to q's dtype once, at the end; a GPU kernel keeps the same
+        float32 accumulators while feeding its tensor cores half-precision tiles. A query that sees
+        no key gets a zero output. With ``return_lse``, also
         (..., L) lse = log sum_j exp(s_ij) (natural log; -inf for a query that sees no key),
         in float32 for half inputs.
 
@@ -308,7 +308,7 @@ def _flash_forward(q: Tensor, k: Tensor, v: Tensor, tiles: tuple) -> tuple[Tenso
     out = torch.empty(N, L, Ev, dtype=q.dtype, device=q.device)       # (N, L, Ev)
     lse2 = torch.empty(N, L, 1, dtype=compute, device=q.device)      # (N, L, 1)
     for q0 in range(0, L, block_q):
-        q_block = q[:, q0:q0 + block_q] * (scale * LOG2_E)   # (N, Bq, E): scale once per query, in base 2
+        q_block = q[:, q0:q0 + block_q].to(compute) * (scale * LOG2_E)   # (N, Bq, E): scaled once, base 2
         out[:, q0:q0 + block_q], lse2[:, q0:q0 + block_q] = _attend_query_block(
             q_block, k, v, q0, block_k, below, above, compute)
     return out, lse2

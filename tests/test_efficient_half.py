@@ -7,7 +7,6 @@ happens to be nearly exact). Random shapes, causal and windowed, block sizes tha
 the lengths, the default scale and scale = 1 (large scores, where rounding them hurts most).
 """
 
-import pytest
 import torch
 import torch.nn.functional as F
 from hypothesis import given
@@ -57,9 +56,6 @@ def errors(case):
     return err(ours), err(theirs), ref.abs().max().item()
 
 
-@pytest.mark.xfail(strict=True, reason="issue 12 item 1: efficient.py rounds each tile's scores (and q * scale) "
-                   "to bf16/fp16 before the softmax; keep scores, statistics and the accumulator in float32, "
-                   "then drop this mark")
 @given(half_case())
 def test_tiled_half_error_is_at_most_twice_torch_sdpa(case):
     ours, theirs, magnitude = errors(case)
