@@ -1,6 +1,9 @@
 """Train the tiny character-level decoder shipped with the package.
 
     python -m selfattn_lite.train_tiny            # writes selfattn_lite/data/tiny_decoder.*
+    python -m selfattn_lite.train_tiny --position alibi --name tiny_decoder_alibi
+    python -m selfattn_lite.train_tiny --init-from selfattn_lite/data/tiny_decoder.safetensors \
+        --rope-scaling '{"kind": "linear", "factor": 4}' --seq-len 2048 --steps 40 --name tiny_decoder_pi
 
 It runs once (a few minutes on two CPU cores); the notebooks and tests load its output
 instead of training. The text is Shakespeare (``data/shakespeare.txt``, public domain);
@@ -18,6 +21,7 @@ import hashlib
 import json
 import math
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -32,6 +36,7 @@ from .models import (
     TinyDecoder,
     evaluate,
     load_text,
+    load_tiny_decoder,
     split_text,
 )
 
@@ -70,15 +75,32 @@ def save(model: TinyDecoder, info: dict, weights: Path, config: Path) -> None:
 
 def train(steps: int = 800, batch: int = 8, lr: float = 3e-3, warmup: int = 40, weight_decay: float = 0.1,
           seed: int = 0, eval_every: int = 100, weights: Path = WEIGHTS_FILE, config: Path = CONFIG_FILE,
-          progress: bool = True) -> TinyDecoder:
-    """Train from scratch and save; returns the trained model (eval mode)."""
+          progress: bool = True, *, position: str = "rope", seq_len: int | None = None,
+          rope_scaling: dict | None = None, init_from: Path | None = None) -> TinyDecoder:
+    """Train from scratch (or fine-tune ``init_from``) and save; returns the trained model (eval mode).
+
+    ``position`` picks RoPE or ALiBi for a model trained from scratch. ``init_from`` (a
+    safetensors file with its JSON beside it) starts from a trained model instead, loaded with
+    ``rope_scaling`` and a context of ``seq_len``: the short fine-tune that context extension uses.
+    """
     torch.manual_seed(seed)
     text = load_text()
     tokenizer = CharTokenizer.from_text(text)
     train_text, val_text = split_text(text)
     train_ids, val_ids = tokenizer.encode(train_text), tokenizer.encode(val_text)
 
-    model = TinyDecoder(DecoderConfig(vocab_size=len(tokenizer), **MODEL))
+    shape = {**MODEL, "position": position} if position != "rope" else dict(MODEL)
+    if init_from is not None:
+        init_from = Path(init_from)
+        model = load_tiny_decoder(init_from, init_from.with_suffix(".json"), rope_scaling=rope_scaling,
+                                  max_len=seq_len)
+        shape = {k: v for k, v in asdict(model.config).items() if k != "vocab_size" and v is not None}
+    else:
+        if seq_len is not None:
+            shape["max_len"] = seq_len
+        if rope_scaling is not None:
+            shape["rope_scaling"] = rope_scaling
+        model = TinyDecoder(DecoderConfig(vocab_size=len(tokenizer), **shape))
     seq_len = model.config.max_len
     decay = [p for p in model.parameters() if p.dim() == 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
@@ -111,7 +133,7 @@ def train(steps: int = 800, batch: int = 8, lr: float = 3e-3, warmup: int = 40, 
     model.eval()
     final = evaluate(model, val_ids, n_windows=16)
     info = {
-        "model": {"vocab_size": len(tokenizer), **MODEL},
+        "model": {"vocab_size": len(tokenizer), **shape},
         "vocab": tokenizer.chars,
         "n_params": model.n_params(),
         "data": {"file": TEXT_FILE.name, "chars": len(text), "sha256": hashlib.sha256(text.encode()).hexdigest(),
@@ -120,6 +142,8 @@ def train(steps: int = 800, batch: int = 8, lr: float = 3e-3, warmup: int = 40, 
                      "lr": lr, "warmup": warmup, "weight_decay": weight_decay, "seed": seed,
                      "seconds": round(seconds, 1), "threads": torch.get_num_threads(),
                      "torch": torch.__version__, "history": history},
+        **({"init_from": {"file": init_from.name,
+                          "sha256": hashlib.sha256(init_from.read_bytes()).hexdigest()}} if init_from else {}),
         "val_loss": round(final["loss"], 4),
         "val_accuracy": round(final["accuracy"], 4),
     }
@@ -135,13 +159,23 @@ def main(argv=None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--out", type=Path, default=WEIGHTS_FILE.parent, help="folder for the two output files")
+    parser.add_argument("--name", default=WEIGHTS_FILE.stem, help="output file name, without .safetensors/.json")
+    parser.add_argument("--warmup", type=int, default=40)
+    parser.add_argument("--position", choices=("rope", "alibi"), default="rope")
+    parser.add_argument("--seq-len", type=int, default=None, help="training window (default: the model's 512)")
+    parser.add_argument("--rope-scaling", type=json.loads, default=None,
+                        help='RoPE context-extension dict as JSON, e.g. \'{"kind": "linear", "factor": 4}\'')
+    parser.add_argument("--init-from", type=Path, default=None,
+                        help="fine-tune this safetensors file (its .json beside it) instead of starting from scratch")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    model = train(steps=args.steps, batch=args.batch, lr=args.lr, seed=args.seed,
-                  weights=args.out / WEIGHTS_FILE.name, config=args.out / CONFIG_FILE.name)
-    info = json.loads((args.out / CONFIG_FILE.name).read_text())
-    print(f"saved {args.out / WEIGHTS_FILE.name} ({model.n_params():,} parameters); "
+    weights, config = args.out / f"{args.name}.safetensors", args.out / f"{args.name}.json"
+    model = train(steps=args.steps, batch=args.batch, lr=args.lr, warmup=args.warmup, seed=args.seed,
+                  weights=weights, config=config, position=args.position, seq_len=args.seq_len,
+                  rope_scaling=args.rope_scaling, init_from=args.init_from)
+    info = json.loads(config.read_text())
+    print(f"saved {weights} ({model.n_params():,} parameters); "
           f"held-out loss {info['val_loss']:.3f} nats/char, accuracy {info['val_accuracy']:.1%}, "
           f"{info['training']['seconds']:.0f} s")
     tok = CharTokenizer(info["vocab"])
