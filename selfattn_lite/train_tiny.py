@@ -180,7 +180,8 @@ def main(argv=None) -> None:
           f"{info['training']['seconds']:.0f} s")
     tok = CharTokenizer(info["vocab"])
     prompt = "ROMEO:\n"
-    print(prompt + tok.decode(model.generate(tok.encode(prompt), 200)[0, len(prompt):]))
+    new_tokens = min(200, model.config.max_len - len(prompt))   # a short --seq-len leaves less room
+    print(prompt + tok.decode(model.generate(tok.encode(prompt), new_tokens)[0, len(prompt):]))
 
 
 if __name__ == "__main__":
