@@ -198,3 +198,25 @@ def test_train_tiny_alibi_and_fine_tune_options(tmp_path, capsys):
     tuned = load_tiny_decoder(tmp_path / "b.safetensors", tmp_path / "b.json")
     torch.testing.assert_close(tuned.rope.inv_freq, scaled_inv_freq(16, 10000.0, {"kind": "linear", "factor": 2})[0])
     assert "saved" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------- the widget
+def test_context_extension_widget_measures_what_it_shows():
+    from selfattn_lite import viz
+
+    tokenizer = load_tiny_decoder().tokenizer
+    windows = context_eval.eval_windows(context_eval.held_out_ids(tokenizer), 256, 1)     # (1, 257)
+    w = viz.ContextExtensionWidget(load_tiny_decoder, windows, 128, context_eval.loss_per_position,
+                                   bucket=64, kind="none", factor=2.0)
+    expected = context_eval.bucket_means(context_eval.loss_per_position(load_tiny_decoder(max_len=256), windows),
+                                         64)[0]
+    torch.testing.assert_close(torch.from_numpy(w.baseline), expected)
+    assert w.scaling is None and w.renders == 1
+    w.kind.value = "yarn"
+    assert w.scaling == {"kind": "yarn", "factor": 2.0, "original_max_len": 128} and w.renders == 2
+    model = load_tiny_decoder(rope_scaling=w.scaling, max_len=256)
+    torch.testing.assert_close(torch.from_numpy(w.losses),
+                               context_eval.bucket_means(context_eval.loss_per_position(model, windows), 64)[0])
+    assert w.image.value[:4] == b"\x89PNG"
+    with pytest.raises(ValueError, match="unknown method"):
+        viz.ContextExtensionWidget(load_tiny_decoder, windows, 128, context_eval.loss_per_position, kind="alibi")
