@@ -9,7 +9,9 @@ well each method carries the model past its trained length:
 
 * zero-shot: no scaling, linear (position interpolation), NTK-aware, YaRN, Llama 3.1;
 * fine-tuned: the PI and YaRN models trained a little more at 2048
-  (``tiny_decoder_pi`` and ``tiny_decoder_yarn``, see ``data/README.md``).
+  (``tiny_decoder_pi`` and ``tiny_decoder_yarn``, see ``data/README.md``);
+* ALiBi: a decoder trained from scratch with ALiBi instead of RoPE, same recipe and budget
+  (``tiny_decoder_alibi``), read at 2048 as it is (ALiBi has nothing to rescale).
 
 ``attention_entropy`` measures the mean entropy of the attention rows as the context grows,
 for YaRN with and without its attention temperature.
@@ -27,9 +29,9 @@ from torch import Tensor
 
 from .models import DATA_DIR, CharTokenizer, TinyDecoder, load_text, load_tiny_decoder, split_text
 
-__all__ = ["TRAINED_LEN", "TARGET_LEN", "FACTOR", "BUCKET", "ZERO_SHOT", "FINE_TUNED", "RESULTS_FILE",
+__all__ = ["TRAINED_LEN", "TARGET_LEN", "FACTOR", "BUCKET", "ZERO_SHOT", "FINE_TUNED", "ALIBI", "RESULTS_FILE",
            "scalings", "held_out_ids", "eval_windows", "load_method", "loss_per_position", "bucket_means",
-           "attention_entropy", "run"]
+           "attention_entropy", "loss_record", "run"]
 
 TRAINED_LEN = 512       # the shipped model's training window
 TARGET_LEN = 2048       # the longer context we ask of it
@@ -37,6 +39,7 @@ FACTOR = TARGET_LEN / TRAINED_LEN
 BUCKET = 256            # positions per bucket
 ZERO_SHOT = ("none", "pi", "ntk", "yarn", "llama3")
 FINE_TUNED = {"pi_ft": "tiny_decoder_pi", "yarn_ft": "tiny_decoder_yarn"}
+ALIBI = {"alibi": "tiny_decoder_alibi"}
 RESULTS_FILE = DATA_DIR / "context_eval.json"
 
 
@@ -76,10 +79,10 @@ def load_method(method: str, max_len: int = TARGET_LEN, factor: float = FACTOR) 
     """The model a method names: a zero-shot scaling of the shipped decoder, or a fine-tuned one."""
     if method in ZERO_SHOT:
         return load_tiny_decoder(rope_scaling=scalings(factor)[method], max_len=max_len)
-    if method in FINE_TUNED:
-        stem = DATA_DIR / FINE_TUNED[method]
+    if method in FINE_TUNED or method in ALIBI:
+        stem = DATA_DIR / {**FINE_TUNED, **ALIBI}[method]
         return load_tiny_decoder(stem.with_suffix(".safetensors"), stem.with_suffix(".json"), max_len=max_len)
-    raise ValueError(f"unknown method {method!r}; expected one of {list(ZERO_SHOT) + list(FINE_TUNED)}")
+    raise ValueError(f"unknown method {method!r}; expected one of {list(ZERO_SHOT) + list(FINE_TUNED) + list(ALIBI)}")
 
 
 @torch.no_grad()
@@ -136,6 +139,17 @@ def attention_entropy(model: TinyDecoder, windows: Tensor, last: int = 64) -> fl
     return sum(rows) / len(rows)
 
 
+def loss_record(method: str, windows: Tensor) -> dict:
+    """One method's losses on ``windows``: per window and bucket, per bucket, first 512 and past 512."""
+    losses = loss_per_position(load_method(method), windows)          # (n, T)
+    return {
+        "per_window_bucket": [[round(x, 5) for x in row] for row in bucket_means(losses).tolist()],
+        "bucket": [round(x, 5) for x in bucket_means(losses.mean(0)).tolist()],
+        "first_512": round(losses[:, :TRAINED_LEN].mean().item(), 5),
+        "past_512": round(losses[:, TRAINED_LEN:].mean().item(), 5),
+    }
+
+
 def run(n_windows: int | None = None, entropy_lengths=(128, 256, 512, 1024, 2048), entropy_windows: int = 4,
         progress: bool = True) -> dict:
     """Every measurement of notebook 12, as a JSON-ready dict."""
@@ -146,15 +160,10 @@ def run(n_windows: int | None = None, entropy_lengths=(128, 256, 512, 1024, 2048
     out = {"trained_len": TRAINED_LEN, "target_len": TARGET_LEN, "factor": FACTOR, "bucket": BUCKET,
            "held_out_chars": len(ids), "n_windows": len(windows), "scalings": scalings(),
            "torch": torch.__version__, "threads": torch.get_num_threads(), "loss": {}}
-    methods = list(ZERO_SHOT) + [m for m in FINE_TUNED if (DATA_DIR / f"{FINE_TUNED[m]}.json").exists()]
+    trained = {**FINE_TUNED, **ALIBI}
+    methods = list(ZERO_SHOT) + [m for m in trained if (DATA_DIR / f"{trained[m]}.json").exists()]
     for method in methods:
-        losses = loss_per_position(load_method(method), windows)      # (n, T)
-        out["loss"][method] = {
-            "per_window_bucket": [[round(x, 5) for x in row] for row in bucket_means(losses).tolist()],
-            "bucket": [round(x, 5) for x in bucket_means(losses.mean(0)).tolist()],
-            "first_512": round(losses[:, :TRAINED_LEN].mean().item(), 5),
-            "past_512": round(losses[:, TRAINED_LEN:].mean().item(), 5),
-        }
+        out["loss"][method] = loss_record(method, windows)
         if progress:
             print(f"{method:8s} loss by bucket: {out['loss'][method]['bucket']}")
     entropy = {"lengths": list(entropy_lengths), "none": [], "yarn": [], "yarn_no_temperature": []}
