@@ -53,6 +53,10 @@ def context_loss_chart(curves: dict, *, trained_len: int, head_dim: int | None =
                          ls=SCALING_STYLES[kind], lw=2 if kind else 1.5, marker="o", markersize=3)
         axes[1].set(yscale="log", xlabel="pair i (0 = fastest)", ylabel="theta_i / theta'_i (slow-down)",
                     title=f"Each pair's slow-down (head_dim {head_dim})")
+        top = max(line.get_ydata().max() for line in axes[1].get_lines())
+        ticks = [2.0 ** e for e in range(int(np.log2(top)) + 2)]
+        axes[1].set_yticks(ticks, [f"{t:g}x" for t in ticks])
+        axes[1].minorticks_off()
         axes[1].legend(fontsize=8, loc="upper left")
     ax.figure.tight_layout()
     return axes
