@@ -162,7 +162,7 @@ def test_saved_measurements_agree_with_the_shipped_models():
     tokenizer = load_tiny_decoder().tokenizer
     windows = context_eval.eval_windows(context_eval.held_out_ids(tokenizer))
     assert results["n_windows"] == len(windows) >= 10
-    assert set(results["loss"]) == set(context_eval.ZERO_SHOT) | set(context_eval.FINE_TUNED)
+    assert set(results["loss"]) == set(context_eval.ZERO_SHOT) | set(context_eval.FINE_TUNED) | set(context_eval.ALIBI)
     last = windows[-1:]                                              # the notebook re-measures window 0
     for method, saved in results["loss"].items():
         got = context_eval.bucket_means(context_eval.loss_per_position(context_eval.load_method(method), last))[0]
@@ -176,6 +176,18 @@ def test_saved_measurements_agree_with_the_shipped_models():
     k = results["entropy"]["lengths"].index(n)
     got = context_eval.attention_entropy(load_tiny_decoder(max_len=n), w)
     assert got == pytest.approx(results["entropy"]["none"][k], abs=1e-4)
+
+
+def test_shipped_alibi_model_has_the_rope_models_recipe():
+    rope = json.loads(CONFIG_FILE.read_text())
+    alibi = json.loads((DATA_DIR / "tiny_decoder_alibi.json").read_text())
+    assert alibi["model"] == {**rope["model"], "position": "alibi"}
+    assert alibi["data"] == rope["data"] and alibi["n_params"] == rope["n_params"]
+    for key in ("steps", "batch", "seq_len", "tokens", "lr", "warmup", "weight_decay", "seed", "threads", "torch"):
+        assert alibi["training"][key] == rope["training"][key], key
+    model = context_eval.load_method("alibi")
+    assert model.rope is None and model.config.max_len == 2048
+    assert model.info["val_loss"] == alibi["val_loss"] < 2.0
 
 
 # ---------------------------------------------------------------- train_tiny's options
