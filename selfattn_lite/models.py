@@ -26,7 +26,7 @@ from torch import Tensor, nn
 
 from .kv_cache import KVCache
 from .multihead import MultiHeadAttention
-from .positions import RotaryEmbedding
+from .positions import RotaryEmbedding, alibi_bias, validate_scaling
 
 __all__ = [
     "DecoderConfig",
@@ -74,6 +74,9 @@ class DecoderConfig:
         tie_embeddings: reuse the embedding matrix as the output layer.
         dropout: dropout on each block's two residual branches (training only).
         causal: the causal mask (False only for notebook 11's experiment: a model that sees the future).
+        position: "rope" (rotate q and k) or "alibi" (add -m_h (i - j) to the scores).
+        rope_scaling: None or a context-extension dict for RoPE, as ``RotaryEmbedding``'s
+            ``scaling`` (e.g. {"kind": "linear", "factor": 4.0}).
     """
 
     vocab_size: int
@@ -88,6 +91,8 @@ class DecoderConfig:
     tie_embeddings: bool = True
     dropout: float = 0.0
     causal: bool = True
+    position: str = "rope"
+    rope_scaling: dict | None = None
 
     def __post_init__(self):
         if self.n_kv_heads is None:
@@ -108,6 +113,12 @@ class DecoderConfig:
             raise ValueError(f"norm must be 'rmsnorm' or 'layernorm', got {self.norm!r}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        if self.position not in ("rope", "alibi"):
+            raise ValueError(f"position must be 'rope' or 'alibi', got {self.position!r}")
+        if self.rope_scaling is not None:
+            if self.position != "rope":
+                raise ValueError(f"rope_scaling applies to position='rope' only, got position={self.position!r}")
+            self.rope_scaling = validate_scaling(self.rope_scaling, self.head_dim)
 
     @property
     def head_dim(self) -> int:
@@ -172,7 +183,7 @@ class MLP(nn.Module):
 class DecoderBlock(nn.Module):
     """Pre-norm block: x + MHA(Norm(x)), then x + MLP(Norm(x))."""
 
-    def __init__(self, config: DecoderConfig, rope: RotaryEmbedding):
+    def __init__(self, config: DecoderConfig, rope: RotaryEmbedding | None):
         super().__init__()
         self.norm1 = _norm(config)
         self.attn = MultiHeadAttention(config.d_model, config.n_heads, config.n_kv_heads, causal=config.causal,
@@ -181,9 +192,12 @@ class DecoderBlock(nn.Module):
         self.mlp = MLP(config.d_model, config.d_ff)
         self.drop = nn.Dropout(config.dropout)
 
-    def forward(self, x: Tensor, kv_cache: KVCache | None = None) -> Tensor:
-        """x (B, T, d) -> (B, T, d); with a cache, T new tokens after len(kv_cache) old ones."""
-        y, _ = self.attn(self.norm1(x), kv_cache=kv_cache)
+    def forward(self, x: Tensor, kv_cache: KVCache | None = None, bias: Tensor | None = None) -> Tensor:
+        """x (B, T, d) -> (B, T, d); with a cache, T new tokens after len(kv_cache) old ones.
+
+        ``bias``: optional (h, T, S) float added to the scores (ALiBi), next to the causal mask.
+        """
+        y, _ = self.attn(self.norm1(x), kv_cache=kv_cache, attn_mask=bias)
         x = x + self.drop(y)
         return x + self.drop(self.mlp(self.norm2(x)))
 
@@ -201,7 +215,8 @@ class TinyDecoder(nn.Module):
     def __init__(self, config: DecoderConfig):
         super().__init__()
         self.config = config
-        self.rope = RotaryEmbedding(config.head_dim, base=config.rope_base)
+        self.rope = RotaryEmbedding(config.head_dim, base=config.rope_base, scaling=config.rope_scaling) \
+            if config.position == "rope" else None
         self.embed = nn.Embedding(config.vocab_size, config.d_model)
         self.blocks = nn.ModuleList(DecoderBlock(config, self.rope) for _ in range(config.n_layers))
         self.norm = _norm(config)
@@ -279,8 +294,12 @@ class TinyDecoder(nn.Module):
         if past + ids.shape[1] > self.config.max_len:
             raise ValueError(f"{past} cached + {ids.shape[1]} new tokens exceed max_len={self.config.max_len}")
         x = self.embed(ids)                                   # (B, T, d)
+        bias = None
+        if self.config.position == "alibi":                   # (h, T, past + T): -m_h (i - j) where j <= i
+            bias = alibi_bias(self.config.n_heads, ids.shape[1], past + ids.shape[1], device=x.device).to(x.dtype)
+            bias = bias.expand(ids.shape[0], *bias.shape)     # (B, h, T, S): torch's fast CPU path wants 4-D
         for i, block in enumerate(self.blocks):
-            x = block(x, kv_cache=None if caches is None else caches[i])
+            x = block(x, kv_cache=None if caches is None else caches[i], bias=bias)
         return self.lm_head(self.norm(x))                     # (B, T, V)
 
     def loss(self, ids: Tensor) -> Tensor:
@@ -435,11 +454,19 @@ def evaluate(model: TinyDecoder, ids: Tensor, seq_len: int | None = None, n_wind
 
 
 def load_tiny_decoder(weights: str | Path | None = None, config: str | Path | None = None,
-                      dtype: torch.dtype = torch.float32, device=None) -> TinyDecoder:
+                      dtype: torch.dtype = torch.float32, device=None, *, rope_scaling: dict | None = None,
+                      max_len: int | None = None) -> TinyDecoder:
     """Load the shipped character-level model, in eval mode, with ``.tokenizer`` and ``.info``.
 
     The weights are a safetensors file (plain tensors, no pickled code); the config JSON
     holds the shape, the vocabulary and the training record (``.info``).
+
+    Args:
+        rope_scaling: None (the scaling the model was saved with, usually none) or a
+            context-extension dict as ``RotaryEmbedding`` takes, e.g.
+            {"kind": "yarn", "factor": 4.0, "original_max_len": 512}.
+        max_len: the longest sequence to accept (default: the trained one). Past the trained
+            length RoPE meets angles it never saw unless ``rope_scaling`` slows the rotations.
     """
     from safetensors.torch import load_file
 
@@ -449,7 +476,12 @@ def load_tiny_decoder(weights: str | Path | None = None, config: str | Path | No
         if not path.exists():
             raise FileNotFoundError(f"{path.name} not found; train it with `python -m selfattn_lite.train_tiny`")
     info = json.loads(config.read_text(encoding="utf-8"))
-    model = TinyDecoder(DecoderConfig.from_dict(info["model"]))
+    shape = dict(info["model"])
+    if rope_scaling is not None:
+        shape["rope_scaling"] = rope_scaling
+    if max_len is not None:
+        shape["max_len"] = max_len
+    model = TinyDecoder(DecoderConfig.from_dict(shape))
     state = load_file(str(weights))
     if model.config.tie_embeddings:
         state["lm_head.weight"] = state["embed.weight"]

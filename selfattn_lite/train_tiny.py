@@ -1,6 +1,9 @@
 """Train the tiny character-level decoder shipped with the package.
 
     python -m selfattn_lite.train_tiny            # writes selfattn_lite/data/tiny_decoder.*
+    python -m selfattn_lite.train_tiny --position alibi --name tiny_decoder_alibi
+    python -m selfattn_lite.train_tiny --init-from selfattn_lite/data/tiny_decoder.safetensors \
+        --rope-scaling '{"kind": "linear", "factor": 4}' --seq-len 2048 --steps 40 --name tiny_decoder_pi
 
 It runs once (a few minutes on two CPU cores); the notebooks and tests load its output
 instead of training. The text is Shakespeare (``data/shakespeare.txt``, public domain);
@@ -18,6 +21,7 @@ import hashlib
 import json
 import math
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -32,6 +36,7 @@ from .models import (
     TinyDecoder,
     evaluate,
     load_text,
+    load_tiny_decoder,
     split_text,
 )
 
@@ -72,12 +77,16 @@ def save(model: TinyDecoder, info: dict, weights: Path, config: Path,
 def train(steps: int = 800, batch: int = 8, lr: float = 3e-3, warmup: int = 40, weight_decay: float = 0.1,
           seed: int = 0, eval_every: int = 100, weights: Path = WEIGHTS_FILE, config: Path = CONFIG_FILE,
           progress: bool = True, model_overrides: dict | None = None,
-          save_dtype: torch.dtype = torch.float32) -> TinyDecoder:
-    """Train from scratch and save; returns the trained model (eval mode).
+          save_dtype: torch.dtype = torch.float32, *, position: str = "rope", seq_len: int | None = None,
+          rope_scaling: dict | None = None, init_from: Path | None = None) -> TinyDecoder:
+    """Train from scratch (or fine-tune ``init_from``) and save; returns the trained model (eval mode).
 
     ``model_overrides`` changes entries of ``MODEL`` (e.g. ``{"n_kv_heads": 2, "max_len": 256}``;
     ``max_len`` is also the training window). ``save_dtype`` bfloat16 halves the file; the final
     held-out loss is then measured on the weights as saved (rounded), so a reload reproduces it.
+    ``position`` picks RoPE or ALiBi for a model trained from scratch. ``init_from`` (a
+    safetensors file with its JSON beside it) starts from a trained model instead, loaded with
+    ``rope_scaling`` and a context of ``seq_len``: the short fine-tune that context extension uses.
     """
     shape = {**MODEL, **(model_overrides or {})}
     torch.manual_seed(seed)
@@ -86,7 +95,19 @@ def train(steps: int = 800, batch: int = 8, lr: float = 3e-3, warmup: int = 40, 
     train_text, val_text = split_text(text)
     train_ids, val_ids = tokenizer.encode(train_text), tokenizer.encode(val_text)
 
-    model = TinyDecoder(DecoderConfig(vocab_size=len(tokenizer), **shape))
+    if position != "rope":
+        shape["position"] = position
+    if init_from is not None:
+        init_from = Path(init_from)
+        model = load_tiny_decoder(init_from, init_from.with_suffix(".json"), rope_scaling=rope_scaling,
+                                  max_len=seq_len)
+        shape = {k: v for k, v in asdict(model.config).items() if k != "vocab_size" and v is not None}
+    else:
+        if seq_len is not None:
+            shape["max_len"] = seq_len
+        if rope_scaling is not None:
+            shape["rope_scaling"] = rope_scaling
+        model = TinyDecoder(DecoderConfig(vocab_size=len(tokenizer), **shape))
     seq_len = model.config.max_len
     decay = [p for p in model.parameters() if p.dim() == 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
@@ -134,6 +155,8 @@ def train(steps: int = 800, batch: int = 8, lr: float = 3e-3, warmup: int = 40, 
                      "torch": torch.__version__, "history": history,
                      **({"weights_dtype": str(save_dtype).removeprefix("torch.")} if save_dtype != torch.float32
                         else {})},
+        **({"init_from": {"file": init_from.name,
+                          "sha256": hashlib.sha256(init_from.read_bytes()).hexdigest()}} if init_from else {}),
         "val_loss": round(final["loss"], 4),
         "val_accuracy": round(final["accuracy"], 4),
     }
@@ -149,28 +172,32 @@ def main(argv=None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--out", type=Path, default=WEIGHTS_FILE.parent, help="folder for the two output files")
-    # Notebook 11's variants (defaults: the shipped model, unchanged)
+    # Variants (defaults: the shipped model, unchanged): notebook 11's heads and mask, notebook 12's positions
     parser.add_argument("--name", default=WEIGHTS_FILE.stem, help="file stem: NAME.safetensors and NAME.json")
     parser.add_argument("--n-kv-heads", type=int, default=None, help="K/V heads (8 = MHA, 2 = GQA, 1 = MQA)")
-    parser.add_argument("--seq-len", type=int, default=None, help="training window = the model's max_len")
+    parser.add_argument("--seq-len", type=int, default=None, help="training window = the model's max_len (512)")
     parser.add_argument("--no-causal", action="store_true", help="train without the causal mask (it sees the future)")
     parser.add_argument("--warmup", type=int, default=40)
     parser.add_argument("--eval-every", type=int, default=100)
     parser.add_argument("--save-dtype", choices=["float32", "bfloat16"], default="float32")
+    parser.add_argument("--position", choices=("rope", "alibi"), default="rope")
+    parser.add_argument("--rope-scaling", type=json.loads, default=None,
+                        help='RoPE context-extension dict as JSON, e.g. \'{"kind": "linear", "factor": 4}\'')
+    parser.add_argument("--init-from", type=Path, default=None,
+                        help="fine-tune this safetensors file (its .json beside it) instead of starting from scratch")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     overrides = {}
     if args.n_kv_heads is not None:
         overrides["n_kv_heads"] = args.n_kv_heads
-    if args.seq_len is not None:
-        overrides["max_len"] = args.seq_len
     if args.no_causal:
         overrides["causal"] = False
     weights, config = args.out / f"{args.name}.safetensors", args.out / f"{args.name}.json"
     model = train(steps=args.steps, batch=args.batch, lr=args.lr, seed=args.seed, warmup=args.warmup,
                   eval_every=args.eval_every, weights=weights, config=config, model_overrides=overrides,
-                  save_dtype=getattr(torch, args.save_dtype))
+                  save_dtype=getattr(torch, args.save_dtype), position=args.position, seq_len=args.seq_len,
+                  rope_scaling=args.rope_scaling, init_from=args.init_from)
     info = json.loads(config.read_text())
     print(f"saved {weights} ({model.n_params():,} parameters); "
           f"held-out loss {info['val_loss']:.3f} nats/char, accuracy {info['val_accuracy']:.1%}, "

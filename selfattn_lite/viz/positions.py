@@ -1,10 +1,10 @@
-"""Notebook 05's figures and widgets: RoPE's rotation of one pair, and the frequency
+"""Notebooks 05 and 12's figures and widgets: RoPE's rotation of one pair, and the frequency
 spectrum under each context-extension method.
 
 * ``draw_rope_rotation`` / ``RopeRotationWidget``: a query at position m and a key at
   m - offset, both rotated; their dot product stays put as m moves.
 * ``rope_frequency_chart`` / ``RopeScalingWidget``: wavelength of every pair before and
-  after linear, NTK-aware, YaRN or Llama 3 scaling.
+  after linear, NTK-aware, YaRN or Llama 3.1 scaling.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ __all__ = ["SCALING_COLORS", "SCALING_LABELS", "rotate_pair", "draw_rope_rotatio
 SCALING_COLORS = {None: "#000000", "linear": "#0072B2", "ntk": "#E69F00", "yarn": "#009E73", "llama3": "#CC79A7"}
 SCALING_STYLES = {None: "-", "linear": "--", "ntk": "-.", "yarn": ":", "llama3": (0, (5, 1, 1, 1, 1, 1))}
 SCALING_LABELS = {None: "original", "linear": "linear (PI)", "ntk": "NTK-aware", "yarn": "YaRN",
-                  "llama3": "Llama 3"}
+                  "llama3": "Llama 3.1"}
 Q_COLOR, K_COLOR = "#0072B2", "#D55E00"
 
 

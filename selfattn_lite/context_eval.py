@@ -1,0 +1,198 @@
+"""Context extension measured on the tiny decoder (notebook 12).
+
+    python -m selfattn_lite.context_eval      # writes selfattn_lite/data/context_eval.json
+
+The shipped decoder was trained on 512-character windows. Loaded with ``max_len=2048`` and
+a RoPE ``rope_scaling`` (factor s = 4), it reads held-out windows four times longer; the
+loss at each position, averaged over windows and over buckets of 256 positions, shows how
+well each method carries the model past its trained length:
+
+* zero-shot: no scaling, linear (position interpolation), NTK-aware, YaRN, Llama 3.1;
+* fine-tuned: the PI and YaRN models trained a little more at 2048
+  (``tiny_decoder_pi`` and ``tiny_decoder_yarn``, see ``data/README.md``);
+* ALiBi: a decoder trained from scratch with ALiBi instead of RoPE, same recipe and budget
+  (``tiny_decoder_alibi``), read at 2048 as it is (ALiBi has nothing to rescale).
+
+``attention_entropy`` measures the mean entropy of the attention rows as the context grows,
+for YaRN with and without its attention temperature.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from .models import DATA_DIR, CharTokenizer, TinyDecoder, load_text, load_tiny_decoder, split_text
+
+__all__ = ["TRAINED_LEN", "TARGET_LEN", "FACTOR", "BUCKET", "ZERO_SHOT", "FINE_TUNED", "ALIBI", "RESULTS_FILE",
+           "scalings", "held_out_ids", "eval_windows", "load_method", "loss_per_position", "bucket_means",
+           "attention_entropy", "loss_record", "run"]
+
+TRAINED_LEN = 512       # the shipped model's training window
+TARGET_LEN = 2048       # the longer context we ask of it
+FACTOR = TARGET_LEN / TRAINED_LEN
+BUCKET = 256            # positions per bucket
+ZERO_SHOT = ("none", "pi", "ntk", "yarn", "llama3")
+FINE_TUNED = {"pi_ft": "tiny_decoder_pi", "yarn_ft": "tiny_decoder_yarn"}
+ALIBI = {"alibi": "tiny_decoder_alibi"}
+RESULTS_FILE = DATA_DIR / "context_eval.json"
+
+
+def scalings(factor: float = FACTOR, original_max_len: int = TRAINED_LEN) -> dict[str, dict | None]:
+    """The ``rope_scaling`` dict of each zero-shot method (None: plain RoPE, no scaling)."""
+    return {"none": None,
+            "pi": {"kind": "linear", "factor": factor},
+            "ntk": {"kind": "ntk", "factor": factor},
+            "yarn": {"kind": "yarn", "factor": factor, "original_max_len": original_max_len},
+            "llama3": {"kind": "llama3", "factor": factor, "original_max_len": original_max_len}}
+
+
+def held_out_ids(tokenizer: CharTokenizer) -> Tensor:
+    """(N,) ids of the held-out 10% of the shipped text (never trained on)."""
+    return tokenizer.encode(split_text(load_text())[1])
+
+
+def eval_windows(ids: Tensor, length: int = TARGET_LEN, n_windows: int | None = None) -> Tensor:
+    """Consecutive, non-overlapping (n, length + 1) windows from the start of ``ids``.
+
+    Args:
+        ids: (N,) token ids.
+        length: positions predicted per window.
+        n_windows: how many (default: as many as fit, N // (length + 1)).
+
+    Returns:
+        (n, length + 1) long: inputs are [:, :-1], targets [:, 1:].
+    """
+    fit = len(ids) // (length + 1)
+    n = fit if n_windows is None else n_windows
+    if not 1 <= n <= fit:
+        raise ValueError(f"{len(ids)} ids hold {fit} windows of {length + 1}, asked for {n_windows}")
+    return ids[: n * (length + 1)].reshape(n, length + 1)
+
+
+def load_method(method: str, max_len: int = TARGET_LEN, factor: float = FACTOR) -> TinyDecoder:
+    """The model a method names: a zero-shot scaling of the shipped decoder, or a fine-tuned one."""
+    if method in ZERO_SHOT:
+        return load_tiny_decoder(rope_scaling=scalings(factor)[method], max_len=max_len)
+    if method in FINE_TUNED or method in ALIBI:
+        stem = DATA_DIR / {**FINE_TUNED, **ALIBI}[method]
+        return load_tiny_decoder(stem.with_suffix(".safetensors"), stem.with_suffix(".json"), max_len=max_len)
+    raise ValueError(f"unknown method {method!r}; expected one of {list(ZERO_SHOT) + list(FINE_TUNED) + list(ALIBI)}")
+
+
+@torch.no_grad()
+def loss_per_position(model: TinyDecoder, windows: Tensor) -> Tensor:
+    """Cross-entropy (nats) of predicting token t + 1 from tokens 0..t, per window and position.
+
+    Args:
+        windows: (n, T + 1) token ids.
+
+    Returns:
+        (n, T) float64 losses; column t had t + 1 tokens of context.
+    """
+    logits = model(windows[:, :-1]).double()                          # (n, T, V)
+    return -logits.log_softmax(-1).gather(-1, windows[:, 1:, None])[..., 0]
+
+
+def bucket_means(losses: Tensor, bucket: int = BUCKET) -> Tensor:
+    """Mean of (..., T) losses over consecutive buckets of ``bucket`` positions -> (..., T // bucket)."""
+    if losses.shape[-1] % bucket:
+        raise ValueError(f"T = {losses.shape[-1]} is not a multiple of bucket = {bucket}")
+    return losses.reshape(*losses.shape[:-1], -1, bucket).mean(-1)
+
+
+@torch.no_grad()
+def attention_entropy(model: TinyDecoder, windows: Tensor, last: int = 64) -> float:
+    """Mean entropy (nats) of the attention rows of the last ``last`` queries, over layers and heads.
+
+    A row p_j (j <= i) has entropy H = -sum_j p_j ln p_j: ln(i + 1) when spread evenly,
+    0 when all on one key.
+
+    Args:
+        windows: (n, T) token ids (the model reads all T).
+        last: how many of the final query positions to average over.
+    """
+    rows = []
+
+    def ask_weights(module, args, kwargs):
+        return args, {**kwargs, "need_weights": True}
+
+    def keep_entropy(module, args, kwargs, output):
+        p = output[1][..., -last:, :].double()                        # (n, h, last, T)
+        rows.append(-(p * p.clamp_min(1e-300).log()).sum(-1).mean().item())
+
+    handles = []
+    for block in model.blocks:
+        handles.append(block.attn.register_forward_pre_hook(ask_weights, with_kwargs=True))
+        handles.append(block.attn.register_forward_hook(keep_entropy, with_kwargs=True))
+    try:
+        for window in windows:
+            model(window[None])
+    finally:
+        for handle in handles:
+            handle.remove()
+    return sum(rows) / len(rows)
+
+
+def loss_record(method: str, windows: Tensor) -> dict:
+    """One method's losses on ``windows``: per window and bucket, per bucket, first 512 and past 512."""
+    losses = loss_per_position(load_method(method), windows)          # (n, T)
+    return {
+        "per_window_bucket": [[round(x, 5) for x in row] for row in bucket_means(losses).tolist()],
+        "bucket": [round(x, 5) for x in bucket_means(losses.mean(0)).tolist()],
+        "first_512": round(losses[:, :TRAINED_LEN].mean().item(), 5),
+        "past_512": round(losses[:, TRAINED_LEN:].mean().item(), 5),
+    }
+
+
+def run(n_windows: int | None = None, entropy_lengths=(128, 256, 512, 1024, 2048), entropy_windows: int = 4,
+        progress: bool = True) -> dict:
+    """Every measurement of notebook 12, as a JSON-ready dict."""
+    start = time.perf_counter()
+    base = load_tiny_decoder()
+    ids = held_out_ids(base.tokenizer)
+    windows = eval_windows(ids, TARGET_LEN, n_windows)
+    out = {"trained_len": TRAINED_LEN, "target_len": TARGET_LEN, "factor": FACTOR, "bucket": BUCKET,
+           "held_out_chars": len(ids), "n_windows": len(windows), "scalings": scalings(),
+           "torch": torch.__version__, "threads": torch.get_num_threads(), "loss": {}}
+    trained = {**FINE_TUNED, **ALIBI}
+    methods = list(ZERO_SHOT) + [m for m in trained if (DATA_DIR / f"{trained[m]}.json").exists()]
+    for method in methods:
+        out["loss"][method] = loss_record(method, windows)
+        if progress:
+            print(f"{method:8s} loss by bucket: {out['loss'][method]['bucket']}")
+    entropy = {"lengths": list(entropy_lengths), "none": [], "yarn": [], "yarn_no_temperature": []}
+    for n in entropy_lengths:
+        w = eval_windows(ids, n, entropy_windows)[:, :n]              # (k, n)
+        none = load_tiny_decoder(max_len=n)
+        yarn = load_method("yarn", max_len=max(n, TRAINED_LEN))
+        entropy["none"].append(round(attention_entropy(none, w), 5))
+        entropy["yarn"].append(round(attention_entropy(yarn, w), 5))
+        yarn.rope.attention_scaling = 1.0                             # the same frequencies, no temperature
+        entropy["yarn_no_temperature"].append(round(attention_entropy(yarn, w), 5))
+    out["entropy"] = entropy
+    out["entropy"]["score_factor"] = round(load_method("yarn").rope.attention_scaling ** 2, 6)   # 1/t on q.k
+    out["seconds"] = round(time.perf_counter() - start, 1)
+    if progress:
+        print("entropy:", entropy)
+    return out
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=RESULTS_FILE)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    results = run()
+    args.out.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
+    print(f"wrote {args.out} in {results['seconds']:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,118 @@
+"""Notebook 12's checkers: right answers pass, typical wrong answers get the right diagnosis."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from selfattn_lite.exercises import ExerciseError
+from selfattn_lite.exercises import nb12 as check
+
+
+def stub(*args, **kwargs):
+    raise NotImplementedError
+
+
+def theta(d, base):
+    return base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+
+
+# ---------------------------------------------------------------- 1. NTK-aware
+def ntk(d, base, s, *, exponent=None, new_base=None):
+    b = new_base(base, s, d) if new_base else base * s ** (d / (d - 2) if exponent is None else exponent(d))
+    return theta(d, b)
+
+
+def test_ntk_right(capsys):
+    check.check_ntk_inv_freq(ntk)
+    assert capsys.readouterr().out.startswith("Correct:")
+
+
+def test_ntk_not_attempted(capsys):
+    check.check_ntk_inv_freq(stub)
+    assert "Not attempted" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("wrong, message", [
+    (lambda d, b, s: theta(d, b), "unscaled"),
+    (lambda d, b, s: theta(d, b) / s, "position interpolation"),
+    (lambda d, b, s: theta(d, b * s), "base \\* s is not enough"),
+    (lambda d, b, s: theta(d, b * s ** ((d - 2) / d)), "upside down"),
+    (lambda d, b, s: theta(d, b * s ** (16 / 14)), "wrong for head_dim"),
+    (lambda d, b, s: theta(d, b * s ** 1.2), "expected"),
+])
+def test_ntk_wrong(wrong, message):
+    with pytest.raises(ExerciseError, match=message):
+        check.check_ntk_inv_freq(wrong)
+
+
+# ---------------------------------------------------------------- 2. YaRN
+def yarn(d, base, s, L, *, reverse=False, in_r=False, no_round=False):
+    th = theta(d, base)
+
+    def pair(turns):
+        return d * math.log(L / (turns * 2 * math.pi)) / (2 * math.log(base))
+
+    if in_r:
+        gamma = (1 - (L * th / (2 * math.pi) - 1) / 31).clamp(0, 1)
+    else:
+        low, high = (pair(32.0), pair(1.0)) if no_round else (math.floor(pair(32.0)), math.ceil(pair(1.0)))
+        gamma = ((torch.arange(d // 2) - low) / (high - low)).clamp(0, 1)
+    if reverse:
+        gamma = 1 - gamma
+    return (1 - gamma) * th + gamma * th / s
+
+
+def test_yarn_right(capsys):
+    check.check_yarn_inv_freq(yarn)
+    assert capsys.readouterr().out.startswith("Correct:")
+
+
+def test_yarn_not_attempted(capsys):
+    check.check_yarn_inv_freq(stub)
+    assert "Not attempted" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("wrong, message", [
+    (lambda d, b, s, L: theta(d, b) / s, "PI"),
+    (lambda d, b, s, L: theta(d, b), "unchanged"),
+    (lambda d, b, s, L: yarn(d, b, s, L, reverse=True), "reversed"),
+    (lambda d, b, s, L: yarn(d, b, s, L, in_r=True), "linearly in the number of turns"),
+    (lambda d, b, s, L: yarn(d, b, s, L, no_round=True), "rounds the ramp"),
+    (lambda d, b, s, L: yarn(d, b, s, L) * 1.01, "differ from YaRN"),
+    (lambda d, b, s, L: theta(d, b)[:-1], "shape"),
+])
+def test_yarn_wrong(wrong, message):
+    with pytest.raises(ExerciseError, match=message):
+        check.check_yarn_inv_freq(wrong)
+
+
+# ---------------------------------------------------------------- 3. loss per position
+def lpp(model, windows):
+    logits = model(windows[:, :-1])
+    return F.cross_entropy(logits.transpose(1, 2), windows[:, 1:], reduction="none")
+
+
+def test_loss_per_position_right(capsys):
+    check.check_loss_per_position(lpp)
+    assert capsys.readouterr().out.startswith("Correct:")
+
+
+def test_loss_per_position_not_attempted(capsys):
+    check.check_loss_per_position(stub)
+    assert "Not attempted" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("wrong, message", [
+    (lambda m, w: lpp(m, w).mean(), "single number"),
+    (lambda m, w: lpp(m, w).mean(0), "averaged over the windows"),
+    (lambda m, w: F.cross_entropy(m(w[:, :-1]).transpose(1, 2), w[:, :-1], reduction="none"), "not shifted"),
+    (lambda m, w: F.cross_entropy(m(w[:, 1:]).transpose(1, 2), w[:, 1:], reduction="none"), "must read"),
+    (lambda m, w: -m(w[:, :-1]).gather(-1, w[:, 1:, None])[..., 0], "raw logit"),
+    (lambda m, w: lpp(m, w) + 0.1, "not the cross-entropy"),
+    (lambda m, w: lpp(m, w)[:, :-1], "shape"),
+])
+def test_loss_per_position_wrong(wrong, message):
+    with pytest.raises(ExerciseError, match=message):
+        check.check_loss_per_position(wrong)
