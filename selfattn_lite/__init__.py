@@ -11,9 +11,18 @@ importable from here.
 from __future__ import annotations
 
 import importlib
+import os
 
-from .attention import scaled_dot_product_attention
-from .masks import causal_mask, combine_masks, padding_mask, to_additive
+import torch
+
+# Notebook 15's Triton kernels run under Triton's CPU interpreter where there is no GPU. Triton picks
+# interpreter or compiler for its own library functions when it is first imported, and torch imports
+# it lazily (its profiler does), so the choice is made here, before anything can import it.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from .attention import scaled_dot_product_attention  # noqa: E402
+from .masks import causal_mask, combine_masks, padding_mask, to_additive  # noqa: E402
 
 __version__ = "0.1.0"
 

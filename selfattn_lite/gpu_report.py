@@ -20,6 +20,8 @@ The sections, in order (``SECTIONS``):
 * ``nb01`` ... ``nb10``: each notebook's timing comparison at full size in bf16, inputs drawn on
   the device, every output checked against a float32 reference in ulps (``gpu_sections``); ``nb08``
   is notebook 08's benchmark up to 16k tokens.
+* ``nb11``: notebook 11's forward + backward benchmark (explicit, tiled, SDPA), time and peak memory.
+* ``nb15``: notebook 15's Triton kernel against SDPA, forward and forward + backward, and its goal.
 
 Adding a section is one line in ``SECTIONS``: a name, ``"module:function"`` (the function takes a
 ``gpu_sections.Context`` and returns a JSON-able dict) and a timeout. Notebooks show the results
@@ -70,8 +72,9 @@ SECTIONS: list[Section] = [
     Section("nb08", "selfattn_lite.gpu_sections:nb08", 90),
     Section("nb09", "selfattn_lite.gpu_sections:nb09", 30),
     Section("nb10", "selfattn_lite.gpu_sections:nb10", 45),
-    # Part II adds its sections here, one line each, e.g.
-    # Section("nb11", "selfattn_lite.gpu_sections:nb11", 60),
+    # Part II: one line each
+    Section("nb11", "selfattn_lite.gpu_sections:nb11", 120),
+    Section("nb15", "selfattn_lite.gpu_sections:nb15", 240),
 ]
 
 

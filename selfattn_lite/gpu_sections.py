@@ -275,3 +275,30 @@ def nb10(ctx: Context) -> dict:
     result = _run(ctx, calls, lambda: model32(ids, key_padding_mask=padding)[0], reference="encoder, fused SDPA",
                   ulps=256, compare_kw=dict(atol=0.1, rtol=0.05))
     return result
+
+
+# --------------------------------------------------------------------------------------------- Part II
+def nb11(ctx: Context) -> dict:
+    """Notebook 11's training benchmark: forward + backward of explicit, tiled and fused attention, time and
+    peak memory, causal and not, at growing n (gradients checked against SDPA's before timing)."""
+    from . import bench_backward
+
+    ns = ctx.pick([1024, 2048, 4096, 8192], [64, 128])
+    B, H, D = ctx.pick((1, 8, 64), (1, 2, 16))            # notebook 11's target shape: B = 1, h = 8, dk = 64
+    records = {str(causal): bench_backward.measure(ns, B=B, H=H, D=D, dtype=DTYPE, device=ctx.device,
+                                                   is_causal=causal, budget_s=ctx.budget_s)
+               for causal in (False, True)}
+    return dict(records=records, config=dict(B=B, H=H, D=D, dtype="bfloat16", ns=ns))
+
+
+def nb15(ctx: Context) -> dict:
+    """Notebook 15's Triton kernel against SDPA (forward, forward + backward; causal and not) and the goal
+    read off at n = 4096, h = 16, d = 128. Without Triton (not Linux) the section says so."""
+    from . import triton_attention
+
+    if not triton_attention.available():
+        return dict(skipped="Triton is not installed (Linux-only extra `triton`)")
+    ns, head_dims, H = ctx.pick(((1024, 2048, 4096), (64, 128), 16), ((32,), (16,), 2))
+    records = triton_attention.benchmark(ctx.device, B=1, H=H, ns=ns, head_dims=head_dims, budget_s=ctx.budget_s)
+    goal = triton_attention.summarize(records, n=ns[-1], D=head_dims[-1])
+    return dict(records=records, goal=goal, config=dict(B=1, H=H, ns=list(ns), head_dims=list(head_dims)))

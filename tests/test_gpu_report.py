@@ -72,6 +72,16 @@ def test_causal_rows_count_the_flops_they_compute(dry_run):
     assert rows["torch SDPA (enable_gqa)"]["compute_dtype"] == "bfloat16"
 
 
+def test_part_two_sections_run_their_benchmarks(dry_run):
+    out, _ = dry_run
+    nb11 = json.loads((out / "dry-run" / "nb11.json").read_text())["result"]
+    ns = nb11["config"]["ns"]
+    for records in nb11["records"].values():
+        assert {r["n"] for r in records} == set(ns) and {r["impl"] for r in records} >= {"torch SDPA"}
+    nb15 = json.loads((out / "dry-run" / "nb15.json").read_text())["result"]
+    assert nb15.get("skipped") or {r["pass"] for r in nb15["records"]} == {"fwd", "fwd+bwd"}
+
+
 def test_notebook_08_section_runs_the_benchmark(dry_run):
     out, _ = dry_run
     result = json.loads((out / "dry-run" / "nb08.json").read_text())["result"]
