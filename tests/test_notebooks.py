@@ -118,3 +118,13 @@ def test_further_reading_format_is_checked():
     for bad in ("- Attention Is All You Need (Vaswani, 2017)", "- Vaswani et al. 2017. Attention.",
                 "- Vaswani et al. (2017) Attention Is All You Need"):
         assert not REFERENCE.match(bad), bad
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_teaching_guide_lists_each_notebooks_time_and_exercises(path):
+    nb = load(path)
+    title = nb.cells[0].source.splitlines()[0].lstrip("# ").strip()
+    time = re.search(r"\*\*Time:?\*\*:?\s*([^\n.]*)", nb.cells[0].source).group(1).strip()
+    n_exercises = sum("exercise" in c.metadata.get("tags", []) for c in nb.cells)
+    row = f"| {title} | {time} | {n_exercises} |"
+    assert row in (ROOT / "TEACHING.md").read_text(), f"TEACHING.md's time table should have the row {row}"
