@@ -85,7 +85,7 @@ def interleaved_min_times(calls: dict, *, rounds: int = 3, device="cpu") -> dict
             fn()
         for _ in range(rounds):
             for name, fn in calls.items():
-                times[name].append(bench.time_fn(fn, device=device, warmup=0, repeat=1))
+                times[name].append(bench.time_fn(fn, device=device, warmup=0, repeat=1, number=1))
     return {name: min(ts) for name, ts in times.items()}
 
 
