@@ -153,7 +153,7 @@ def run(out: str | Path, *, device: str | None = None, ns=None, targets: bool = 
 
 
 def main(argv=None) -> None:
-    command_line("selfattn_lite.bench_backward", run, argv, what=" (forward + backward)")
+    command_line("selfattn_lite.bench_backward", __doc__.splitlines()[0], run, argv, what=" (forward + backward)")
 
 
 if __name__ == "__main__":

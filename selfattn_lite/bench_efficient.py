@@ -247,9 +247,9 @@ def save(out: str | Path, result: dict, *, title: str) -> None:
     fig.savefig(out.with_suffix(".png"), dpi=110, bbox_inches="tight", metadata={"Software": None})
 
 
-def command_line(module: str, run, argv=None, *, what: str = "") -> dict:
+def command_line(module: str, description: str, run, argv=None, *, what: str = "") -> dict:
     """The command line shared by the benchmark modules: parse, measure with ``run``, print the records."""
-    parser = argparse.ArgumentParser(description=sys.modules[module].__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--out", required=True, help="JSON path; the plot goes next to it (.png)")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: the best present)")
     parser.add_argument("--ns", type=int, nargs="*", default=None, help="sequence lengths (default by device)")
@@ -276,7 +276,7 @@ def command_line(module: str, run, argv=None, *, what: str = "") -> dict:
 
 
 def main(argv=None) -> None:
-    command_line("selfattn_lite.bench_efficient", run, argv)
+    command_line("selfattn_lite.bench_efficient", __doc__.splitlines()[0], run, argv)
 
 
 if __name__ == "__main__":
