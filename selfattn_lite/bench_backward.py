@@ -26,12 +26,7 @@ unless it is set (idle OpenMP threads then sleep instead of spinning on a shared
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import platform
 import statistics
-import sys
 from pathlib import Path
 
 import torch
@@ -39,7 +34,7 @@ import torch.nn.functional as F
 
 from . import bench
 from .attention import scaled_dot_product_attention
-from .bench_efficient import EXPLICIT, SDPA, TILED, attention_inputs, plot_scaling
+from .bench_efficient import EXPLICIT, SDPA, TILED, attention_inputs, command_line, provenance, save
 from .efficient import default_block_size, flash_attention, peak_memory
 
 __all__ = ["TARGET_MEMORY_RATIO", "TARGET_TIME_RATIO", "forward_backward", "implementations", "measure",
@@ -150,45 +145,15 @@ def run(out: str | Path, *, device: str | None = None, ns=None, targets: bool = 
         B, H, D, dtype, default_ns = 1, 8, 64, torch.float32, [256, 512, 1024, 2048, 4096]
     ns = list(ns) if ns is not None else default_ns
     records = measure(ns, B=B, H=H, D=D, dtype=dtype, device=device, budget_s=budget_s)
-    result = dict(what="forward + backward", device=bench.device_name(device), device_type=device.type,
-                  torch=torch.__version__, machine=platform.machine(), threads=torch.get_num_threads(), B=B, H=H,
-                  D=D, dtype=str(dtype).replace("torch.", ""), block_size=list(default_block_size(device)),
-                  omp_wait_policy=os.environ.get("OMP_WAIT_POLICY"), records=records)
-    if hasattr(os, "getloadavg"):
-        result["load_average_1min"] = os.getloadavg()[0]      # other work on the machine while measuring
+    result = dict(what="forward + backward", **provenance(device, B, H, D, dtype), records=records)
     if targets and device.type == "cpu":
         result["targets"] = check_targets()
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1) + "\n")
-    fig = plot_scaling(records, title=f"forward + backward: {result['device']}, {result['dtype']}, "
-                                      f"B={B}, h={H}, dk={D}")
-    fig.savefig(out.with_suffix(".png"), dpi=110, bbox_inches="tight", metadata={"Software": None})
+    save(out, result, title=f"forward + backward: {result['device']}, {result['dtype']}, B={B}, h={H}, dk={D}")
     return result
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True, help="JSON path; the plot goes next to it (.png)")
-    parser.add_argument("--device", default=None, help="cpu or cuda (default: the best present)")
-    parser.add_argument("--ns", type=int, nargs="*", default=None, help="sequence lengths (default by device)")
-    parser.add_argument("--no-targets", action="store_true", help="skip the n=4096 CPU target check")
-    parser.add_argument("--keep-omp-policy", action="store_true",
-                        help="do not restart with OMP_WAIT_POLICY=PASSIVE when it is unset")
-    args = parser.parse_args(argv)
-    if argv is None and "OMP_WAIT_POLICY" not in os.environ and not args.keep_omp_policy:
-        env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
-        os.execve(sys.executable, [sys.executable, "-m", "selfattn_lite.bench_backward", *sys.argv[1:]], env)
-    result = run(args.out, device=args.device, ns=args.ns, targets=not args.no_targets)
-    for r in result["records"]:
-        print(f"n={r['n']:>6} {r['impl']:<26} {r['ms']:>10.2f} ms  {r['ratio_vs_sdpa']:>6.2f}x SDPA  "
-              f"peak {r['peak_mib']:>9.1f} MiB")
-    if "targets" in result:
-        t = result["targets"]
-        print(f"targets at n={t['n']} (forward + backward): tiled/explicit peak memory = "
-              f"{t['memory_ratio_tiled_vs_explicit']:.4f} (target <= {t['memory_target']:.3f}), tiled/SDPA time = "
-              f"{t['time_ratio_tiled_vs_sdpa']:.2f} (target <= {t['time_target']:.1f}; rounds "
-              f"{[round(x, 2) for x in t['time_ratio_rounds']]}): {'PASSED' if t['passed'] else 'FAILED'}")
+    command_line("selfattn_lite.bench_backward", __doc__.splitlines()[0], run, argv, what=" (forward + backward)")
 
 
 if __name__ == "__main__":

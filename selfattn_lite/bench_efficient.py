@@ -219,26 +219,37 @@ def run(out: str | Path, *, device: str | None = None, ns=None, targets: bool = 
     ns = list(ns) if ns is not None else config["ns"]
     records = measure(ns, B=config["B"], H=config["H"], D=config["D"], dtype=config["dtype"], device=device,
                       budget_s=budget_s)
-    result = dict(device=bench.device_name(device), device_type=device.type, torch=torch.__version__,
-                  machine=platform.machine(), threads=torch.get_num_threads(), B=config["B"], H=config["H"],
-                  D=config["D"], dtype=str(config["dtype"]).replace("torch.", ""),
-                  block_size=list(default_block_size(device)),
-                  omp_wait_policy=os.environ.get("OMP_WAIT_POLICY"), records=records)
-    if hasattr(os, "getloadavg"):
-        result["load_average_1min"] = os.getloadavg()[0]      # other work on the machine while measuring
+    result = dict(**provenance(device, config["B"], config["H"], config["D"], config["dtype"]), records=records)
     if targets and device.type == "cpu":
         result["targets"] = check_targets()
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1) + "\n")
-    fig = plot_scaling(records, title=f"{result['device']}, {result['dtype']}, B={result['B']}, "
-                                      f"h={result['H']}, dk={result['D']}")
-    fig.savefig(out.with_suffix(".png"), dpi=110, bbox_inches="tight", metadata={"Software": None})
+    save(out, result, title=f"{result['device']}, {result['dtype']}, B={result['B']}, h={result['H']}, "
+                            f"dk={result['D']}")
     return result
 
 
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def provenance(device: torch.device, B: int, H: int, D: int, dtype: torch.dtype) -> dict:
+    """Where and how a benchmark ran: device, versions, threads, sizes, OpenMP policy, the machine's load."""
+    info = dict(device=bench.device_name(device), device_type=device.type, torch=torch.__version__,
+                machine=platform.machine(), threads=torch.get_num_threads(), B=B, H=H, D=D,
+                dtype=str(dtype).replace("torch.", ""), block_size=list(default_block_size(device)),
+                omp_wait_policy=os.environ.get("OMP_WAIT_POLICY"))
+    if hasattr(os, "getloadavg"):
+        info["load_average_1min"] = os.getloadavg()[0]      # other work on the machine while measuring
+    return info
+
+
+def save(out: str | Path, result: dict, *, title: str) -> None:
+    """Write ``result`` to ``out`` (JSON) and the plot of its records next to it (.png)."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    fig = plot_scaling(result["records"], title=title)
+    fig.savefig(out.with_suffix(".png"), dpi=110, bbox_inches="tight", metadata={"Software": None})
+
+
+def command_line(module: str, description: str, run, argv=None, *, what: str = "") -> dict:
+    """The command line shared by the benchmark modules: parse, measure with ``run``, print the records."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--out", required=True, help="JSON path; the plot goes next to it (.png)")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: the best present)")
     parser.add_argument("--ns", type=int, nargs="*", default=None, help="sequence lengths (default by device)")
@@ -249,7 +260,7 @@ def main(argv=None) -> None:
     if argv is None and "OMP_WAIT_POLICY" not in os.environ and not args.keep_omp_policy:
         # OpenMP reads this when torch loads, so restart once with it set (see the module docstring)
         env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
-        os.execve(sys.executable, [sys.executable, "-m", "selfattn_lite.bench_efficient", *sys.argv[1:]], env)
+        os.execve(sys.executable, [sys.executable, "-m", module, *sys.argv[1:]], env)
     result = run(args.out, device=args.device, ns=args.ns, targets=not args.no_targets)
     for r in result["records"]:
         mem = "-" if r["peak_mib"] is None else f"{r['peak_mib']:.1f}"
@@ -257,10 +268,15 @@ def main(argv=None) -> None:
               f"peak {mem:>9} MiB")
     if "targets" in result:
         t = result["targets"]
-        print(f"targets at n={t['n']}: tiled/explicit peak memory = {t['memory_ratio_tiled_vs_explicit']:.4f} "
+        print(f"targets at n={t['n']}{what}: tiled/explicit peak memory = {t['memory_ratio_tiled_vs_explicit']:.4f} "
               f"(target <= {t['memory_target']:.3f}), tiled/SDPA time = {t['time_ratio_tiled_vs_sdpa']:.2f} "
               f"(target <= {t['time_target']:.1f}; rounds {[round(x, 2) for x in t['time_ratio_rounds']]}): "
               f"{'PASSED' if t['passed'] else 'FAILED'}")
+    return result
+
+
+def main(argv=None) -> None:
+    command_line("selfattn_lite.bench_efficient", __doc__.splitlines()[0], run, argv)
 
 
 if __name__ == "__main__":

@@ -364,3 +364,17 @@ def test_benchmark_measure_rows_and_plot(tmp_path):
     assert len(fig.axes) == 2
     times = be.interleaved_min_times({"a": lambda: torch.ones(10).sum(), "b": lambda: torch.ones(20).sum()}, rounds=2)
     assert set(times) == {"a", "b"} and all(t > 0 for t in times.values())
+
+
+@pytest.mark.parametrize("module", ["bench_efficient", "bench_backward"])
+def test_benchmark_command_lines_write_their_json_and_plot(tmp_path, module, capsys):
+    import importlib
+    import json
+
+    main = importlib.import_module(f"selfattn_lite.{module}").main
+    out = tmp_path / f"{module}.json"
+    main(["--out", str(out), "--ns", "32", "48", "--no-targets", "--device", "cpu"])
+    result = json.loads(out.read_text())
+    assert out.with_suffix(".png").stat().st_size > 0 and result["device_type"] == "cpu"
+    assert {r["n"] for r in result["records"]} == {32, 48} and "targets" not in result
+    assert capsys.readouterr().out.count("x SDPA") == len(result["records"])
