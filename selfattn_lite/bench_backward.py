@@ -26,7 +26,6 @@ unless it is set (idle OpenMP threads then sleep instead of spinning on a shared
 
 from __future__ import annotations
 
-import statistics
 from pathlib import Path
 
 import torch
@@ -34,8 +33,8 @@ import torch.nn.functional as F
 
 from . import bench
 from .attention import scaled_dot_product_attention
-from .bench_efficient import EXPLICIT, SDPA, TILED, attention_inputs, command_line, provenance, save
-from .efficient import default_block_size, flash_attention, peak_memory
+from .bench_efficient import EXPLICIT, SDPA, TILED, attention_inputs, command_line, provenance, save, target_ratios
+from .efficient import flash_attention, peak_memory
 
 __all__ = ["TARGET_MEMORY_RATIO", "TARGET_TIME_RATIO", "forward_backward", "implementations", "measure",
            "check_targets", "run", "main"]
@@ -119,20 +118,8 @@ def check_targets(*, n: int = 4096, B: int = 1, H: int = 8, D: int = 64, rounds:
     q, k, v, grad_out = _inputs(B, H, n, D)
     calls = implementations(q, k, v, grad_out, block_size=block_size)
     _check_all_grads(calls)
-    memory = {name: peak_memory(fn) / 2**20 for name, fn in calls.items()}
-    time_ratios, explicit_ratios = [], []
-    for _ in range(rounds):
-        rows = {r.name: r for r in bench.compare(calls, reference=SDPA, budget_s=budget_s)}
-        time_ratios.append(rows[TILED].ratio)
-        explicit_ratios.append(rows[EXPLICIT].ratio)
-    memory_ratio = memory[TILED] / memory[EXPLICIT]
-    time_ratio = statistics.median(time_ratios)
-    block_size = list(default_block_size("cpu")) if block_size is None else block_size
-    return dict(n=n, B=B, H=H, D=D, dtype="float32", block_size=block_size, peak_mib=memory,
-                memory_ratio_tiled_vs_explicit=memory_ratio, time_ratio_tiled_vs_sdpa=time_ratio,
-                time_ratio_rounds=time_ratios, time_ratio_explicit_vs_sdpa=statistics.median(explicit_ratios),
-                memory_target=TARGET_MEMORY_RATIO, time_target=TARGET_TIME_RATIO,
-                passed=bool(memory_ratio <= TARGET_MEMORY_RATIO and time_ratio <= TARGET_TIME_RATIO))
+    return target_ratios(calls, dict(n=n, B=B, H=H, D=D), rounds=rounds, block_size=block_size, budget_s=budget_s,
+                         memory_target=TARGET_MEMORY_RATIO, time_target=TARGET_TIME_RATIO)
 
 
 def run(out: str | Path, *, device: str | None = None, ns=None, targets: bool = True,

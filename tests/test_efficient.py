@@ -378,3 +378,17 @@ def test_benchmark_command_lines_write_their_json_and_plot(tmp_path, module, cap
     assert out.with_suffix(".png").stat().st_size > 0 and result["device_type"] == "cpu"
     assert {r["n"] for r in result["records"]} == {32, 48} and "targets" not in result
     assert capsys.readouterr().out.count("x SDPA") == len(result["records"])
+
+
+@pytest.mark.parametrize("module", ["bench_efficient", "bench_backward"])
+def test_target_checks_measure_both_ratios_against_their_own_targets(module):
+    import importlib
+
+    mod = importlib.import_module(f"selfattn_lite.{module}")
+    t = mod.check_targets(n=96, B=1, H=2, D=16, rounds=2, block_size=32, budget_s=0.02)
+    assert (t["n"], t["H"], t["D"], t["block_size"]) == (96, 2, 16, 32) and len(t["time_ratio_rounds"]) == 2
+    assert t["memory_ratio_tiled_vs_explicit"] == t["peak_mib"]["tiled (flash_attention)"] / t["peak_mib"][
+        "explicit (selfattn_lite)"]
+    assert (t["memory_target"], t["time_target"]) == (mod.TARGET_MEMORY_RATIO, mod.TARGET_TIME_RATIO)
+    assert t["passed"] == (t["memory_ratio_tiled_vs_explicit"] <= t["memory_target"]
+                           and t["time_ratio_tiled_vs_sdpa"] <= t["time_target"])
