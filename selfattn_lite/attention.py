@@ -14,13 +14,11 @@ import math
 import torch
 from torch import Tensor
 
+from ._checks import check_mask, shape_str
+
 __all__ = ["scaled_dot_product_attention", "attention_backward", "safe_softmax", "validate_qkv", "validate_mask"]
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
-
-
-def _shape(t: Tensor) -> str:
-    return "(" + ", ".join(str(s) for s in t.shape) + ")"
 
 
 def validate_qkv(query: Tensor, key: Tensor, value: Tensor, *, enable_gqa: bool = False) -> None:
@@ -33,7 +31,7 @@ def validate_qkv(query: Tensor, key: Tensor, value: Tensor, *, enable_gqa: bool 
         if not isinstance(t, Tensor):
             raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dim() < 2:
-            raise ValueError(f"{name} must have at least 2 dims (..., seq, dim), got shape {_shape(t)}")
+            raise ValueError(f"{name} must have at least 2 dims (..., seq, dim), got shape {shape_str(t)}")
         if not t.is_floating_point():
             raise ValueError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
     if not (query.dtype == key.dtype == value.dtype):
@@ -41,61 +39,45 @@ def validate_qkv(query: Tensor, key: Tensor, value: Tensor, *, enable_gqa: bool 
             f"query, key and value must share a dtype, got {query.dtype}, {key.dtype}, {value.dtype}"
         )
     if query.shape[-1] == 0:
-        raise ValueError(f"query and key need a non-empty last dim E, got query {_shape(query)}")
+        raise ValueError(f"query and key need a non-empty last dim E, got query {shape_str(query)}")
     if not (query.dim() == key.dim() == value.dim()):
         raise ValueError(
             "query, key and value must have the same number of dims, got "
-            f"query {_shape(query)}, key {_shape(key)}, value {_shape(value)}"
+            f"query {shape_str(query)}, key {shape_str(key)}, value {shape_str(value)}"
         )
     if query.shape[-1] != key.shape[-1]:
         raise ValueError(
-            f"query and key must share the last dim E: query {_shape(query)} has E={query.shape[-1]}, "
-            f"key {_shape(key)} has E={key.shape[-1]}"
+            f"query and key must share the last dim E: query {shape_str(query)} has E={query.shape[-1]}, "
+            f"key {shape_str(key)} has E={key.shape[-1]}"
         )
     if key.shape[:-1] != value.shape[:-1]:
         raise ValueError(
             f"key (..., S, E) and value (..., S, Ev) must agree except in the last dim: "
-            f"key {_shape(key)}, value {_shape(value)}"
+            f"key {shape_str(key)}, value {shape_str(value)}"
         )
     q_lead, k_lead = list(query.shape[:-2]), list(key.shape[:-2])
     if enable_gqa:
         if query.dim() < 3:
-            raise ValueError(f"enable_gqa needs a head dim: query (..., Hq, L, E), got {_shape(query)}")
+            raise ValueError(f"enable_gqa needs a head dim: query (..., Hq, L, E), got {shape_str(query)}")
         hq, hkv = query.shape[-3], key.shape[-3]
         if hq % hkv != 0:
             raise ValueError(
                 f"enable_gqa: query heads Hq={hq} must be a multiple of key/value heads H={hkv} "
-                f"(query {_shape(query)}, key {_shape(key)})"
+                f"(query {shape_str(query)}, key {shape_str(key)})"
             )
         q_lead[-1] = k_lead[-1] = 1  # heads are matched by grouping, not broadcasting
     try:
         torch.broadcast_shapes(tuple(q_lead), tuple(k_lead))
     except RuntimeError:
         raise ValueError(
-            f"the batch/head dims of query {_shape(query)} and key {_shape(key)} do not broadcast"
+            f"the batch/head dims of query {shape_str(query)} and key {shape_str(key)} do not broadcast"
             + ("" if enable_gqa else " (different head counts need enable_gqa=True)")
         ) from None
 
 
 def validate_mask(attn_mask: Tensor, scores_shape: torch.Size) -> None:
     """Check that a mask is boolean or floating and broadcasts to the scores (..., L, S)."""
-    if not isinstance(attn_mask, Tensor):
-        raise ValueError(f"attn_mask must be a torch.Tensor, got {type(attn_mask).__name__}")
-    if attn_mask.dtype != torch.bool and not attn_mask.is_floating_point():
-        raise ValueError(
-            f"attn_mask must be bool (True = may attend) or floating (added to the scores), "
-            f"got dtype {attn_mask.dtype}"
-        )
-    scores = "(" + ", ".join(str(s) for s in scores_shape) + ")"
-    try:
-        broadcast = torch.broadcast_shapes(attn_mask.shape, scores_shape)
-    except RuntimeError:
-        broadcast = None
-    if broadcast != scores_shape:
-        raise ValueError(
-            f"attn_mask of shape {_shape(attn_mask)} does not broadcast to the scores (..., L, S) "
-            f"of shape {scores}"
-        )
+    check_mask("attn_mask", attn_mask, scores_shape)
 
 
 def safe_softmax(scores: Tensor, dim: int = -1) -> Tensor:
@@ -223,7 +205,7 @@ def attention_backward(
     out_shape = (*torch.broadcast_shapes(q_lead, k_lead), q.shape[-2], v.shape[-1])
     if tuple(grad_out.shape) != out_shape:
         raise ValueError(f"grad_out must have the output's shape {'(' + ', '.join(map(str, out_shape)) + ')'} "
-                         f"(query {_shape(q)}, value {_shape(v)}), got {_shape(grad_out)}")
+                         f"(query {shape_str(q)}, value {shape_str(v)}), got {shape_str(grad_out)}")
     if grad_out.dtype != q.dtype:
         raise ValueError(f"grad_out must have the inputs' dtype {q.dtype}, got {grad_out.dtype}")
     E = q.shape[-1]

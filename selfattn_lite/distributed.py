@@ -43,6 +43,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
 
+from ._checks import check_int, check_positive_int
 from .attention import HALF_DTYPES
 
 __all__ = [
@@ -77,12 +78,6 @@ LAYOUTS = ("contiguous", "zigzag")
 # Sharding: which rows of the sequence each rank holds
 # ---------------------------------------------------------------------------------------------
 
-def _positive_int(name: str, x) -> int:
-    if isinstance(x, bool) or not isinstance(x, int) or x < 1:
-        raise ValueError(f"{name} must be a positive int, got {x!r}")
-    return x
-
-
 def _check_layout(layout: str) -> str:
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
@@ -95,9 +90,8 @@ def split_sizes(n: int, parts: int) -> list[int]:
     >>> split_sizes(10, 4)
     [3, 3, 2, 2]
     """
-    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-        raise ValueError(f"n must be a non-negative int, got {n!r}")
-    _positive_int("parts", parts)
+    n = check_int("n", n, low=0)
+    check_positive_int("parts", parts)
     return [n // parts + (1 if p < n % parts else 0) for p in range(parts)]
 
 
@@ -112,9 +106,8 @@ def shard_segments(L: int, rank: int, world_size: int, *, layout: str = "contigu
             (L < world_size, or L < 2 * world_size for zigzag).
     """
     _check_layout(layout)
-    _positive_int("world_size", world_size)
-    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
-        raise ValueError(f"rank must be an int in [0, {world_size}), got {rank!r}")
+    check_positive_int("world_size", world_size)
+    rank = check_int("rank", rank, low=0, high=world_size - 1)
     parts = world_size if layout == "contiguous" else 2 * world_size
     if isinstance(L, bool) or not isinstance(L, int) or L < parts:
         raise ValueError(f"a sequence of L={L!r} rows cannot be cut into {parts} non-empty parts "
@@ -586,7 +579,7 @@ def ulysses_attention(q: Tensor, k: Tensor, v: Tensor, *, is_causal: bool = Fals
 
 def ring_schedule(world_size: int) -> list[list[int]]:
     """schedule[step][rank]: whose K/V block ``rank`` holds at ``step``, i.e. (rank - step) mod W."""
-    _positive_int("world_size", world_size)
+    check_positive_int("world_size", world_size)
     return [[(r - s) % world_size for r in range(world_size)] for s in range(world_size)]
 
 
@@ -677,7 +670,7 @@ def max_sequence_length(n_devices: int, gib_per_device: float, *, d_model: int, 
     Returns:
         {"single": L, "ring": L, "ulysses": L or None}, rounded down to a multiple of 2N (single: of 2).
     """
-    _positive_int("n_devices", n_devices)
+    check_positive_int("n_devices", n_devices)
     n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
     d_kv = d_model * n_kv_heads // n_heads
     budget = (gib_per_device - reserved_gib) * 2**30
@@ -823,7 +816,7 @@ def launch(fn: Callable, world_size: int, *args, timeout: float = 120.0) -> list
     """
     import torch.multiprocessing as mp
 
-    _positive_int("world_size", world_size)
+    check_positive_int("world_size", world_size)
     if not callable(fn) or getattr(fn, "__module__", "__main__") == "__main__" or "<" in fn.__qualname__:
         raise ValueError(f"launch needs a function defined at the top level of an importable module (spawned "
                          f"processes import it), got {fn!r}; put it in a module, e.g. next to "

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ._checks import check_positive_int, shape_str
 from .attention import HALF_DTYPES, validate_qkv
 
 __all__ = [
@@ -62,16 +63,6 @@ LOG2_E = math.log2(math.e)   # e^x = 2^(x log2 e): the kernel folds log2(e) into
 SKIP, PARTIAL, FULL = 0, 1, 2
 
 
-def _shape(t: Tensor) -> str:
-    return "(" + ", ".join(str(s) for s in t.shape) + ")"
-
-
-def _positive_int(name: str, x) -> int:
-    if isinstance(x, bool) or not isinstance(x, int) or x < 1:
-        raise ValueError(f"{name} must be a positive int, got {x!r}")
-    return x
-
-
 def default_block_size(device: torch.device | str = "cpu") -> tuple[int, int]:
     """(block_q, block_k) that ``flash_attention`` uses on ``device`` when block_size is None."""
     return CUDA_BLOCK_SIZE if torch.device(device).type == "cuda" else DEFAULT_BLOCK_SIZE
@@ -82,8 +73,8 @@ def _block_sizes(block_size) -> tuple[int, int]:
     if isinstance(block_size, (tuple, list)):
         if len(block_size) != 2:
             raise ValueError(f"block_size must be an int or a pair (block_q, block_k), got {block_size!r}")
-        return _positive_int("block_q", block_size[0]), _positive_int("block_k", block_size[1])
-    size = _positive_int("block_size", block_size)
+        return check_positive_int("block_q", block_size[0]), check_positive_int("block_k", block_size[1])
+    size = check_positive_int("block_size", block_size)
     return size, size
 
 
@@ -94,7 +85,7 @@ def _band(L: int, S: int, is_causal: bool, window: int | None) -> tuple[int, int
     at most w - 1 positions back (and, when not causal, w - 1 forward).
     """
     if window is not None:
-        _positive_int("window", window)
+        check_positive_int("window", window)
     below = window - 1 if window is not None else L + S
     above = 0 if is_causal else (window - 1 if window is not None else L + S)
     return below, above
@@ -120,7 +111,7 @@ def online_softmax(x: Tensor, block_size: int) -> Tensor:
     """
     if not isinstance(x, Tensor) or not x.is_floating_point() or x.dim() < 1:
         raise ValueError(f"x must be a floating tensor with at least one dim, got {x!r:.60}")
-    _positive_int("block_size", block_size)
+    check_positive_int("block_size", block_size)
     m = torch.full_like(x[..., :1], float("-inf"))       # (..., 1) running max
     l = torch.zeros_like(x[..., :1])                     # (..., 1) running sum of exp(x - m)
     for start in range(0, x.shape[-1], block_size):
@@ -157,8 +148,8 @@ def tile_plan(L: int, S: int | None = None, block_size=DEFAULT_BLOCK_SIZE, *, is
         (ceil(L / block_q), ceil(S / block_k)) int8 tensor of ``SKIP`` (0), ``PARTIAL`` (1,
         computed then masked) and ``FULL`` (2, computed, no mask).
     """
-    L = _positive_int("L", L)
-    S = L if S is None else _positive_int("S", S)
+    L = check_positive_int("L", L)
+    S = L if S is None else check_positive_int("S", S)
     block_q, block_k = _block_sizes(block_size)
     below, above = _band(L, S, is_causal, window)
     rows = []
@@ -408,9 +399,9 @@ def sliding_window_mask(L: int, window: int, S: int | None = None, *, is_causal:
     Causal: query i sees keys i - window + 1 .. i (``window`` keys, itself included), as in
     Mistral-style local attention. Not causal: ``window - 1`` keys on each side and itself.
     """
-    L = _positive_int("L", L)
-    S = L if S is None else _positive_int("S", S)
-    below, above = _band(L, S, is_causal, _positive_int("window", window))
+    L = check_positive_int("L", L)
+    S = L if S is None else check_positive_int("S", S)
+    below, above = _band(L, S, is_causal, check_positive_int("window", window))
     return _band_mask(0, L, 0, S, below, above, device)
 
 
@@ -428,7 +419,7 @@ def sliding_window_attention(q: Tensor, k: Tensor, v: Tensor, window: int, *, is
         (..., L, Ev).
     """
     return flash_attention(q, k, v, is_causal=is_causal, block_size=block_size, scale=scale,
-                           window=_positive_int("window", window))
+                           window=check_positive_int("window", window))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -454,8 +445,8 @@ def random_feature_map(x: Tensor, projection: Tensor) -> Tensor:
         (..., n, m) features.
     """
     if not isinstance(projection, Tensor) or projection.dim() != 2 or projection.shape[1] != x.shape[-1]:
-        shape = _shape(projection) if isinstance(projection, Tensor) else type(projection).__name__
-        raise ValueError(f"projection must be (m, dk) with dk = {x.shape[-1]} (x is {_shape(x)}), got {shape}")
+        shape = shape_str(projection) if isinstance(projection, Tensor) else type(projection).__name__
+        raise ValueError(f"projection must be (m, dk) with dk = {x.shape[-1]} (x is {shape_str(x)}), got {shape}")
     x = x / x.shape[-1] ** 0.25
     wx = x @ projection.T                                         # (..., n, m)
     return torch.exp(wx - (x * x).sum(dim=-1, keepdim=True) / 2) / math.sqrt(projection.shape[0])
@@ -485,8 +476,9 @@ def linear_attention(q: Tensor, k: Tensor, v: Tensor, *, feature_map: Callable[[
     """
     validate_qkv(q, k, v)
     if is_causal and q.shape[-2] != k.shape[-2]:
-        raise ValueError(f"causal linear attention needs as many queries as keys, got q {_shape(q)}, k {_shape(k)}")
-    _positive_int("chunk_size", chunk_size)
+        raise ValueError(f"causal linear attention needs as many queries as keys, "
+                         f"got q {shape_str(q)}, k {shape_str(k)}")
+    check_positive_int("chunk_size", chunk_size)
     phi_q, phi_k = feature_map(q), feature_map(k)                 # (..., L, m), (..., S, m)
     if phi_q.shape[-1] != phi_k.shape[-1]:
         raise ValueError(f"feature_map gave {phi_q.shape[-1]} features for q and {phi_k.shape[-1]} for k")

@@ -21,6 +21,7 @@ import warnings
 import torch
 from torch import Tensor
 
+from ._checks import check_int, check_positive_int
 from .positions import alibi_slopes
 
 __all__ = [
@@ -37,12 +38,6 @@ __all__ = [
 _UNFUSED_WARNING = "flex_attention called without torch.compile"
 
 
-def _positive_int(name: str, n) -> int:
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"{name} must be a positive int, got {n!r}")
-    return n
-
-
 def causal_mod(b, h, q_idx, kv_idx):
     """mask_mod of causal attention: kv_idx <= q_idx."""
     return q_idx >= kv_idx
@@ -50,7 +45,7 @@ def causal_mod(b, h, q_idx, kv_idx):
 
 def sliding_window_mod(window: int):
     """mask_mod of a causal sliding window: q_idx - window < kv_idx <= q_idx (``window`` keys)."""
-    _positive_int("window", window)
+    check_positive_int("window", window)
 
     def mask_mod(b, h, q_idx, kv_idx):
         return (q_idx >= kv_idx) & (q_idx - kv_idx < window)
@@ -59,9 +54,8 @@ def sliding_window_mod(window: int):
 
 def sink_window_mod(n_sink: int, window: int):
     """mask_mod of attention sinks + a causal window (``masks.sink_window_mask``)."""
-    _positive_int("window", window)
-    if isinstance(n_sink, bool) or not isinstance(n_sink, int) or n_sink < 0:
-        raise ValueError(f"n_sink must be a non-negative int, got {n_sink!r}")
+    check_positive_int("window", window)
+    n_sink = check_int("n_sink", n_sink, low=0)
 
     def mask_mod(b, h, q_idx, kv_idx):
         return (q_idx >= kv_idx) & ((kv_idx < n_sink) | (q_idx - kv_idx < window))
@@ -87,7 +81,7 @@ def document_mod(doc_ids: Tensor, *, causal: bool = False):
 
 def alibi_score_mod(n_heads: int):
     """score_mod of ALiBi: score - m_h |q_idx - kv_idx| (``positions.alibi_bias`` as a function)."""
-    slopes = alibi_slopes(_positive_int("n_heads", n_heads))   # (h,)
+    slopes = alibi_slopes(check_positive_int("n_heads", n_heads))   # (h,)
 
     def score_mod(score, b, h, q_idx, kv_idx):
         return score - slopes[h] * (q_idx - kv_idx).abs()
@@ -107,9 +101,10 @@ def block_mask(mask_mod, L: int, S: int | None = None, *, B: int | None = None, 
     """
     from torch.nn.attention.flex_attention import create_block_mask
 
-    L = _positive_int("L", L)
-    S = L if S is None else _positive_int("S", S)
-    return create_block_mask(mask_mod, B, H, L, S, device="cpu", BLOCK_SIZE=_positive_int("block_size", block_size))
+    L = check_positive_int("L", L)
+    S = L if S is None else check_positive_int("S", S)
+    block_size = check_positive_int("block_size", block_size)
+    return create_block_mask(mask_mod, B, H, L, S, device="cpu", BLOCK_SIZE=block_size)
 
 
 def flex_attention(q: Tensor, k: Tensor, v: Tensor, *, score_mod=None, block_mask=None, scale: float | None = None):

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from ._checks import check_int, check_positive_int, shape_str
+
 __all__ = [
     "KVCache",
     "kv_cache_bytes",
@@ -37,16 +39,6 @@ __all__ = [
     "SinkKVCache",
     "RollingKVCache",
 ]
-
-
-def _shape(t: Tensor) -> str:
-    return "(" + ", ".join(str(s) for s in t.shape) + ")"
-
-
-def _positive_int(name: str, n) -> int:
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"{name} must be a positive int, got {n!r}")
-    return n
 
 
 # --------------------------------------------------------------------------------------
@@ -72,10 +64,10 @@ class KVCache:
 
     def __init__(self, batch: int, n_kv_heads: int, max_len: int, head_dim: int, *,
                  dtype: torch.dtype = torch.float32, device: torch.device | str | None = None):
-        self.batch = _positive_int("batch", batch)
-        self.n_kv_heads = _positive_int("n_kv_heads", n_kv_heads)
-        self.max_len = _positive_int("max_len", max_len)
-        self.head_dim = _positive_int("head_dim", head_dim)
+        self.batch = check_positive_int("batch", batch)
+        self.n_kv_heads = check_positive_int("n_kv_heads", n_kv_heads)
+        self.max_len = check_positive_int("max_len", max_len)
+        self.head_dim = check_positive_int("head_dim", head_dim)
         shape = (batch, n_kv_heads, max_len, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)  # (B, h_kv, max_len, dk)
         self.v = torch.zeros(shape, dtype=dtype, device=device)  # (B, h_kv, max_len, dk)
@@ -114,16 +106,16 @@ class KVCache:
                     or t.shape[3] != self.head_dim:
                 raise ValueError(
                     f"{name} must have shape (B={self.batch}, n_kv_heads={self.n_kv_heads}, T_new, "
-                    f"head_dim={self.head_dim}) to fit this cache, got {_shape(t)}")
+                    f"head_dim={self.head_dim}) to fit this cache, got {shape_str(t)}")
             if t.dtype != self.dtype:
                 raise ValueError(f"{name} has dtype {t.dtype} but the cache holds {self.dtype}")
             if t.device != self.device:
                 raise ValueError(f"{name} is on {t.device} but the cache is on {self.device}")
         if k.shape != v.shape:
-            raise ValueError(f"k and v must have the same shape, got k {_shape(k)} and v {_shape(v)}")
+            raise ValueError(f"k and v must have the same shape, got k {shape_str(k)} and v {shape_str(v)}")
         t_new = k.shape[2]
         if t_new < 1:
-            raise ValueError(f"k and v must hold at least one new token, got T_new = 0 ({_shape(k)})")
+            raise ValueError(f"k and v must hold at least one new token, got T_new = 0 ({shape_str(k)})")
         if self._len + t_new > self.max_len:
             raise ValueError(
                 f"KV cache overflow: it holds {self._len} tokens, {t_new} more would make "
@@ -157,8 +149,7 @@ class KVCache:
 
     def crop(self, length: int) -> None:
         """Keep only the first ``length`` tokens (roll back a rejected draft, re-decode a suffix)."""
-        if isinstance(length, bool) or not isinstance(length, int) or not 0 <= length <= self._len:
-            raise ValueError(f"crop length must be an int in [0, len={self._len}], got {length!r}")
+        length = check_int("crop length", length, low=0, high=self._len)
         self._len = length
 
 
@@ -177,9 +168,8 @@ def kv_cache_bytes(n_layers: int, n_kv_heads: int, head_dim: int, n_tokens: int 
     """
     for name, n in (("n_layers", n_layers), ("n_kv_heads", n_kv_heads), ("head_dim", head_dim),
                     ("batch", batch)):
-        _positive_int(name, n)
-    if isinstance(n_tokens, bool) or not isinstance(n_tokens, int) or n_tokens < 0:
-        raise ValueError(f"n_tokens must be a non-negative int, got {n_tokens!r}")
+        check_positive_int(name, n)
+    n_tokens = check_int("n_tokens", n_tokens, low=0)
     if not bytes_per_value > 0:
         raise ValueError(f"bytes_per_value must be > 0, got {bytes_per_value!r}")
     total = 2 * n_layers * n_kv_heads * head_dim * n_tokens * batch * bytes_per_value
@@ -235,7 +225,7 @@ class ModelPreset:
                 raise ValueError(f"{self.name} uses multi-head latent attention: its cache holds one latent per "
                                  f"token and layer, not per K/V head, so n_kv_heads={n_kv_heads} does not apply")
             return self.kv_lora_rank + self.qk_rope_head_dim
-        heads = self.n_kv_heads if n_kv_heads is None else _positive_int("n_kv_heads", n_kv_heads)
+        heads = self.n_kv_heads if n_kv_heads is None else check_positive_int("n_kv_heads", n_kv_heads)
         return 2 * heads * self.head_dim
 
     def kv_bytes(self, n_tokens: int = 1, batch: int = 1, bytes_per_value: float = 2,
@@ -251,9 +241,8 @@ class ModelPreset:
         if self.attention != "MLA" and self.kv_layers is None and not self.sliding_kv_layers:
             heads = self.n_kv_heads if n_kv_heads is None else n_kv_heads
             return kv_cache_bytes(self.n_layers, heads, self.head_dim, n_tokens, batch, bytes_per_value)
-        if isinstance(n_tokens, bool) or not isinstance(n_tokens, int) or n_tokens < 0:
-            raise ValueError(f"n_tokens must be a non-negative int, got {n_tokens!r}")
-        _positive_int("batch", batch)
+        n_tokens = check_int("n_tokens", n_tokens, low=0)
+        check_positive_int("batch", batch)
         if not bytes_per_value > 0:
             raise ValueError(f"bytes_per_value must be > 0, got {bytes_per_value!r}")
         full = self.cache_layers - self.sliding_kv_layers
@@ -346,10 +335,10 @@ class PagedKVCache:
 
     def __init__(self, n_blocks: int, block_size: int, n_kv_heads: int, head_dim: int, *,
                  dtype: torch.dtype = torch.float32, device: torch.device | str | None = None):
-        self.n_blocks = _positive_int("n_blocks", n_blocks)
-        self.block_size = _positive_int("block_size", block_size)
-        self.n_kv_heads = _positive_int("n_kv_heads", n_kv_heads)
-        self.head_dim = _positive_int("head_dim", head_dim)
+        self.n_blocks = check_positive_int("n_blocks", n_blocks)
+        self.block_size = check_positive_int("block_size", block_size)
+        self.n_kv_heads = check_positive_int("n_kv_heads", n_kv_heads)
+        self.head_dim = check_positive_int("head_dim", head_dim)
         shape = (n_blocks, n_kv_heads, block_size, head_dim)
         self.k_pool = torch.zeros(shape, dtype=dtype, device=device)
         self.v_pool = torch.zeros(shape, dtype=dtype, device=device)
@@ -369,7 +358,7 @@ class PagedKVCache:
         for name, t in (("k", k), ("v", v)):
             if t.dim() != 3 or tuple(t.shape) != expected or t.dtype != self.k_pool.dtype:
                 raise ValueError(f"{name} must be (n_kv_heads={self.n_kv_heads}, T_new, head_dim={self.head_dim}) "
-                                 f"of dtype {self.k_pool.dtype}, got {_shape(t)} of dtype {t.dtype}")
+                                 f"of dtype {self.k_pool.dtype}, got {shape_str(t)} of dtype {t.dtype}")
         needed = self.blocks_needed(seq_id, k.shape[1])
         if needed > len(self.free_blocks):
             raise ValueError(f"paged cache out of blocks: sequence {seq_id!r} needs {needed} more but only "
@@ -431,8 +420,8 @@ def paging_waste(lengths, max_len: int, block_size: int) -> dict:
         reserved), and ``contiguous_waste`` / ``paged_waste`` (share of reserved slots unused).
     """
     lengths = [int(n) for n in lengths]
-    _positive_int("max_len", max_len)
-    _positive_int("block_size", block_size)
+    check_positive_int("max_len", max_len)
+    check_positive_int("block_size", block_size)
     if any(n < 0 or n > max_len for n in lengths):
         raise ValueError(f"every length must be in [0, max_len={max_len}], got {lengths}")
     tokens = sum(lengths)
@@ -479,10 +468,10 @@ class Int8KVCache(KVCache):
 
     def __init__(self, batch: int, n_kv_heads: int, max_len: int, head_dim: int, *,
                  dtype: torch.dtype = torch.float32, device: torch.device | str | None = None):
-        self.batch = _positive_int("batch", batch)
-        self.n_kv_heads = _positive_int("n_kv_heads", n_kv_heads)
-        self.max_len = _positive_int("max_len", max_len)
-        self.head_dim = _positive_int("head_dim", head_dim)
+        self.batch = check_positive_int("batch", batch)
+        self.n_kv_heads = check_positive_int("n_kv_heads", n_kv_heads)
+        self.max_len = check_positive_int("max_len", max_len)
+        self.head_dim = check_positive_int("head_dim", head_dim)
         self._dtype = dtype
         shape = (batch, n_kv_heads, max_len, head_dim)
         self.k = torch.zeros(shape, dtype=torch.int8, device=device)   # (B, h_kv, max_len, dk)
@@ -547,12 +536,11 @@ class SinkKVCache:
 
     def __init__(self, batch: int, n_kv_heads: int, head_dim: int, *, window: int, n_sink: int = 0,
                  dtype: torch.dtype = torch.float32, device: torch.device | str | None = None):
-        self.batch = _positive_int("batch", batch)
-        self.n_kv_heads = _positive_int("n_kv_heads", n_kv_heads)
-        self.head_dim = _positive_int("head_dim", head_dim)
-        self.window = _positive_int("window", window)
-        if isinstance(n_sink, bool) or not isinstance(n_sink, int) or n_sink < 0:
-            raise ValueError(f"n_sink must be a non-negative int, got {n_sink!r}")
+        self.batch = check_positive_int("batch", batch)
+        self.n_kv_heads = check_positive_int("n_kv_heads", n_kv_heads)
+        self.head_dim = check_positive_int("head_dim", head_dim)
+        self.window = check_positive_int("window", window)
+        n_sink = check_int("n_sink", n_sink, low=0)
         self.n_sink = n_sink
         self.capacity = n_sink + window
         shape = (batch, n_kv_heads, self.capacity, head_dim)
@@ -600,11 +588,11 @@ class SinkKVCache:
             if t.dim() != 4 or t.shape[0] != self.batch or t.shape[1] != self.n_kv_heads \
                     or t.shape[3] != self.head_dim or t.shape[2] < 1:
                 raise ValueError(f"{name} must have shape (B={self.batch}, n_kv_heads={self.n_kv_heads}, T_new >= 1, "
-                                 f"head_dim={self.head_dim}) to fit this cache, got {_shape(t)}")
+                                 f"head_dim={self.head_dim}) to fit this cache, got {shape_str(t)}")
             if t.dtype != self.dtype or t.device != self.device:
                 raise ValueError(f"{name} is {t.dtype} on {t.device}, the cache holds {self.dtype} on {self.device}")
         if k.shape != v.shape:
-            raise ValueError(f"k and v must have the same shape, got k {_shape(k)} and v {_shape(v)}")
+            raise ValueError(f"k and v must have the same shape, got k {shape_str(k)} and v {shape_str(v)}")
         t_new = k.shape[2]
         if t_new > 1 and self._len + t_new > self.capacity:
             raise ValueError(

@@ -8,6 +8,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ._checks import check_int, check_positive_int, check_tensor
+
 __all__ = [
     "causal_mask",
     "padding_mask",
@@ -19,18 +21,6 @@ __all__ = [
     "document_mask",
     "document_positions",
 ]
-
-
-def _require_tensor(name: str, mask) -> Tensor:
-    if not isinstance(mask, Tensor):
-        raise ValueError(f"{name} must be a torch.Tensor, got {type(mask).__name__}")
-    return mask
-
-
-def _check_len(name: str, n: int) -> int:
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"{name} must be a positive int, got {n!r}")
-    return n
 
 
 def causal_mask(L: int, S: int | None = None, *, bottom_right: bool = False, device=None) -> Tensor:
@@ -48,8 +38,8 @@ def causal_mask(L: int, S: int | None = None, *, bottom_right: bool = False, dev
     Returns:
         (L, S) bool tensor, True = may attend.
     """
-    L = _check_len("L", L)
-    S = L if S is None else _check_len("S", S)
+    L = check_positive_int("L", L)
+    S = L if S is None else check_positive_int("S", S)
     offset = S - L if bottom_right else 0
     return torch.ones(L, S, dtype=torch.bool, device=device).tril(diagonal=offset)
 
@@ -71,8 +61,7 @@ def padding_mask(lengths, max_len: int | None = None) -> Tensor:
                          f"and dtype {lengths.dtype}")
     if max_len is None:
         max_len = int(lengths.max()) if len(lengths) else 0
-    if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 0:
-        raise ValueError(f"max_len must be a non-negative int, got {max_len!r}")
+    max_len = check_int("max_len", max_len, low=0)
     if len(lengths) and (lengths.min() < 0 or lengths.max() > max_len):
         raise ValueError(f"every length must be in [0, max_len={max_len}], got {lengths.tolist()}")
     positions = torch.arange(max_len, device=lengths.device)   # (max_len,)
@@ -81,7 +70,7 @@ def padding_mask(lengths, max_len: int | None = None) -> Tensor:
 
 def key_padding_to_attn_mask(real_tokens: Tensor) -> Tensor:
     """(B, S) True = real key -> (B, 1, 1, S) attention mask over (B, h, L, S) scores."""
-    _require_tensor("real_tokens", real_tokens)
+    check_tensor("real_tokens", real_tokens)
     if real_tokens.dtype != torch.bool or real_tokens.dim() != 2:
         raise ValueError(f"expected a (B, S) bool mask, got shape {tuple(real_tokens.shape)} "
                          f"and dtype {real_tokens.dtype}")
@@ -93,7 +82,7 @@ def combine_masks(*masks: Tensor | None) -> Tensor | None:
 
     ``None`` entries are skipped; returns None if all are None.
     """
-    present = [_require_tensor("each mask", m) for m in masks if m is not None]
+    present = [check_tensor("each mask", m) for m in masks if m is not None]
     for m in present:
         if m.dtype != torch.bool:
             raise ValueError(f"combine_masks takes bool masks (True = may attend), got dtype {m.dtype}; "
@@ -113,7 +102,7 @@ def combine_masks(*masks: Tensor | None) -> Tensor | None:
 
 def to_additive(mask: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
     """Boolean mask (True = may attend) -> additive mask M: 0 where allowed, -inf where not."""
-    _require_tensor("mask", mask)
+    check_tensor("mask", mask)
     if not dtype.is_floating_point:
         raise ValueError(f"an additive mask holds -inf, so its dtype must be floating, got {dtype}")
     if mask.dtype != torch.bool:
@@ -124,7 +113,7 @@ def to_additive(mask: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
 
 def is_fully_masked(mask: Tensor) -> Tensor:
     """(..., L) bool: True for the query rows of a (..., L, S) boolean mask that see no key."""
-    _require_tensor("mask", mask)
+    check_tensor("mask", mask)
     if mask.dtype != torch.bool:
         raise ValueError(f"expected a bool mask, got dtype {mask.dtype}")
     return ~mask.any(dim=-1)
@@ -140,10 +129,9 @@ def sink_window_mask(L: int, n_sink: int, window: int, *, device=None) -> Tensor
     Returns:
         (L, L) bool, True = may attend.
     """
-    L = _check_len("L", L)
-    window = _check_len("window", window)
-    if isinstance(n_sink, bool) or not isinstance(n_sink, int) or n_sink < 0:
-        raise ValueError(f"n_sink must be a non-negative int, got {n_sink!r}")
+    L = check_positive_int("L", L)
+    window = check_positive_int("window", window)
+    n_sink = check_int("n_sink", n_sink, low=0)
     i = torch.arange(L, device=device)[:, None]   # (L, 1) query positions
     j = torch.arange(L, device=device)[None, :]   # (1, L) key positions
     return (j <= i) & ((j < n_sink) | (i - j < window))

@@ -29,20 +29,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ._checks import check_int, check_positive_int, shape_str
 from .masks import causal_mask
 from .positions import RotaryEmbedding
 
 __all__ = ["MLACache", "MultiHeadLatentAttention", "mla_cache_bytes"]
-
-
-def _shape(t: Tensor) -> str:
-    return "(" + ", ".join(str(s) for s in t.shape) + ")"
-
-
-def _positive_int(name: str, n) -> int:
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"{name} must be a positive int, got {n!r}")
-    return n
 
 
 def mla_cache_bytes(n_layers: int, kv_lora_rank: int, qk_rope_head_dim: int, n_tokens: int = 1, batch: int = 1,
@@ -54,9 +45,8 @@ def mla_cache_bytes(n_layers: int, kv_lora_rank: int, qk_rope_head_dim: int, n_t
     """
     for name, n in (("n_layers", n_layers), ("kv_lora_rank", kv_lora_rank),
                     ("qk_rope_head_dim", qk_rope_head_dim), ("batch", batch)):
-        _positive_int(name, n)
-    if isinstance(n_tokens, bool) or not isinstance(n_tokens, int) or n_tokens < 0:
-        raise ValueError(f"n_tokens must be a non-negative int, got {n_tokens!r}")
+        check_positive_int(name, n)
+    n_tokens = check_int("n_tokens", n_tokens, low=0)
     if not bytes_per_value > 0:
         raise ValueError(f"bytes_per_value must be > 0, got {bytes_per_value!r}")
     return int(round((kv_lora_rank + qk_rope_head_dim) * n_layers * n_tokens * batch * bytes_per_value))
@@ -75,10 +65,10 @@ class MLACache:
 
     def __init__(self, batch: int, max_len: int, kv_lora_rank: int, qk_rope_head_dim: int, *,
                  dtype: torch.dtype = torch.float32, device: torch.device | str | None = None):
-        self.batch = _positive_int("batch", batch)
-        self.max_len = _positive_int("max_len", max_len)
-        self.kv_lora_rank = _positive_int("kv_lora_rank", kv_lora_rank)
-        self.qk_rope_head_dim = _positive_int("qk_rope_head_dim", qk_rope_head_dim)
+        self.batch = check_positive_int("batch", batch)
+        self.max_len = check_positive_int("max_len", max_len)
+        self.kv_lora_rank = check_positive_int("kv_lora_rank", kv_lora_rank)
+        self.qk_rope_head_dim = check_positive_int("qk_rope_head_dim", qk_rope_head_dim)
         self.c_kv = torch.zeros(batch, max_len, kv_lora_rank, dtype=dtype, device=device)
         self.k_rope = torch.zeros(batch, max_len, qk_rope_head_dim, dtype=dtype, device=device)
         self._len = 0
@@ -103,11 +93,11 @@ class MLACache:
         """
         for name, t, width in (("c_kv", c_kv, self.kv_lora_rank), ("k_rope", k_rope, self.qk_rope_head_dim)):
             if not isinstance(t, Tensor) or t.dim() != 3 or t.shape[0] != self.batch or t.shape[2] != width:
-                got = _shape(t) if isinstance(t, Tensor) else type(t).__name__
+                got = shape_str(t) if isinstance(t, Tensor) else type(t).__name__
                 raise ValueError(f"{name} must be (B={self.batch}, T_new, {width}), got {got}")
         if c_kv.shape[1] != k_rope.shape[1] or c_kv.shape[1] < 1:
-            raise ValueError(f"c_kv and k_rope must hold the same T_new >= 1 tokens, got {_shape(c_kv)} and "
-                             f"{_shape(k_rope)}")
+            raise ValueError(f"c_kv and k_rope must hold the same T_new >= 1 tokens, got {shape_str(c_kv)} and "
+                             f"{shape_str(k_rope)}")
         start, end = self._len, self._len + c_kv.shape[1]
         if end > self.max_len:
             raise ValueError(f"MLA cache overflow: {self._len} + {c_kv.shape[1]} tokens > max_len = {self.max_len}")
@@ -122,8 +112,7 @@ class MLACache:
 
     def crop(self, length: int) -> None:
         """Keep only the first ``length`` tokens (e.g. to decode the same step again)."""
-        if isinstance(length, bool) or not isinstance(length, int) or not 0 <= length <= self._len:
-            raise ValueError(f"crop length must be an int in [0, len={self._len}], got {length!r}")
+        length = check_int("crop length", length, low=0, high=self._len)
         self._len = length
 
 
@@ -150,11 +139,11 @@ class MultiHeadLatentAttention(nn.Module):
         for name, n in (("d_model", d_model), ("n_heads", n_heads), ("kv_lora_rank", kv_lora_rank),
                         ("qk_nope_head_dim", qk_nope_head_dim), ("qk_rope_head_dim", qk_rope_head_dim),
                         ("v_head_dim", v_head_dim)):
-            _positive_int(name, n)
+            check_positive_int(name, n)
         if qk_rope_head_dim % 2:
             raise ValueError(f"qk_rope_head_dim must be even (RoPE rotates pairs), got {qk_rope_head_dim}")
         if q_lora_rank is not None:
-            _positive_int("q_lora_rank", q_lora_rank)
+            check_positive_int("q_lora_rank", q_lora_rank)
         self.d_model, self.n_heads = d_model, n_heads
         self.kv_lora_rank, self.q_lora_rank = kv_lora_rank, q_lora_rank
         self.qk_nope_head_dim, self.qk_rope_head_dim, self.v_head_dim = qk_nope_head_dim, qk_rope_head_dim, v_head_dim
@@ -203,7 +192,7 @@ class MultiHeadLatentAttention(nn.Module):
 
     def _check(self, x: Tensor, cache) -> int:
         if not isinstance(x, Tensor) or x.dim() != 3 or x.shape[-1] != self.d_model or not x.is_floating_point():
-            got = f"{_shape(x)} {x.dtype}" if isinstance(x, Tensor) else type(x).__name__
+            got = f"{shape_str(x)} {x.dtype}" if isinstance(x, Tensor) else type(x).__name__
             raise ValueError(f"x must be a floating (B, L, d_model={self.d_model}) tensor, got {got}")
         if cache is not None and not isinstance(cache, MLACache):
             raise ValueError(f"cache must be an MLACache (see new_cache), got {type(cache).__name__}")

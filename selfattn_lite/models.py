@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ._checks import check_int, shape_str
 from .kv_cache import KVCache
 from .multihead import MultiHeadAttention
 from .positions import RotaryEmbedding, alibi_bias, validate_scaling
@@ -48,10 +49,6 @@ DATA_DIR = Path(__file__).parent / "data"
 WEIGHTS_FILE = DATA_DIR / "tiny_decoder.safetensors"
 CONFIG_FILE = DATA_DIR / "tiny_decoder.json"
 TEXT_FILE = DATA_DIR / "shakespeare.txt"
-
-
-def _shape(t: Tensor) -> str:
-    return "(" + ", ".join(str(s) for s in t.shape) + ")"
 
 
 # --------------------------------------------------------------------------------------
@@ -101,8 +98,7 @@ class DecoderConfig:
             self.d_ff = 4 * self.d_model
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "max_len"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+            check_int(name, value, low=1)
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
         if self.n_heads % self.n_kv_heads:
@@ -262,7 +258,7 @@ class TinyDecoder(nn.Module):
         if ids.dim() == 1:
             ids = ids[None]                                   # (T,) -> (1, T)
         if ids.dim() != 2 or ids.is_floating_point() or ids.dtype == torch.bool:
-            raise ValueError(f"ids must be (B, T) or (T,) integer token ids, got {_shape(ids)} of dtype {ids.dtype}")
+            raise ValueError(f"ids must be (B, T) or (T,) integer token ids, got {shape_str(ids)} of dtype {ids.dtype}")
         if ids.device != device:
             raise ValueError(f"ids are on {ids.device} but the model is on {device}: "
                              f"move them first, ids.to({str(device)!r})")
@@ -329,10 +325,9 @@ class TinyDecoder(nn.Module):
         """
         ids = self._check_ids(ids, check_range=True)      # once, here: decode steps make their own ids
         B, T = ids.shape
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be a non-negative int, got {max_new_tokens!r}")
+        max_new_tokens = check_int("max_new_tokens", max_new_tokens, low=0)
         if T < 1:
-            raise ValueError(f"the prompt needs at least one token, got ids of shape {_shape(ids)}")
+            raise ValueError(f"the prompt needs at least one token, got ids of shape {shape_str(ids)}")
         if T + max_new_tokens > self.config.max_len:
             raise ValueError(f"prompt of {T} tokens + {max_new_tokens} new tokens = {T + max_new_tokens} "
                              f"exceeds max_len={self.config.max_len}")
@@ -380,7 +375,7 @@ def pool_kv_heads(weight: Tensor, n_heads: int, n_kv_heads: int) -> Tensor:
     if n_heads % n_kv_heads:
         raise ValueError(f"n_heads={n_heads} is not a multiple of n_kv_heads={n_kv_heads}")
     if weight.shape[0] % n_heads:
-        raise ValueError(f"weight of shape {_shape(weight)} does not split into n_heads={n_heads} heads")
+        raise ValueError(f"weight of shape {shape_str(weight)} does not split into n_heads={n_heads} heads")
     g, head_dim = n_heads // n_kv_heads, weight.shape[0] // n_heads
     heads = weight.reshape(n_kv_heads, g, head_dim, *weight.shape[1:])   # (h_kv, g, dk, d_in)
     return heads.mean(dim=1).reshape(n_kv_heads * head_dim, *weight.shape[1:])
@@ -442,7 +437,7 @@ def evaluate(model: TinyDecoder, ids: Tensor, seq_len: int | None = None, n_wind
     """
     seq_len = model.config.max_len - 1 if seq_len is None else seq_len
     if ids.dim() != 1 or len(ids) < seq_len + 1:
-        raise ValueError(f"ids must be (N,) with N > seq_len={seq_len}, got {_shape(ids)}")
+        raise ValueError(f"ids must be (N,) with N > seq_len={seq_len}, got {shape_str(ids)}")
     starts = torch.linspace(0, len(ids) - seq_len - 1, n_windows).long()
     windows = torch.stack([ids[s:s + seq_len + 1] for s in starts.tolist()])   # (n, seq_len + 1)
     windows = windows.to(model.embed.weight.device)

@@ -23,20 +23,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ._checks import check_positive_int, shape_str
 from .attention import scaled_dot_product_attention
 from .masks import causal_mask, to_additive
 
 __all__ = ["MultiHeadAttention"]
-
-
-def _shape(t: Tensor) -> str:
-    return str(tuple(t.shape))
-
-
-def _positive_int(name: str, n) -> int:
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"{name} must be a positive int, got {n!r}")
-    return n
 
 
 def _sdpa_supports_gqa() -> bool:
@@ -80,8 +71,8 @@ class MultiHeadAttention(nn.Module):
                  bias: bool = True, rope=None, dropout: float = 0.0, kdim: int | None = None,
                  vdim: int | None = None, batch_first: bool = True, device=None, dtype=None):
         super().__init__()
-        d_model, n_heads = _positive_int("d_model", d_model), _positive_int("n_heads", n_heads)
-        n_kv_heads = n_heads if n_kv_heads is None else _positive_int("n_kv_heads", n_kv_heads)
+        d_model, n_heads = check_positive_int("d_model", d_model), check_positive_int("n_heads", n_heads)
+        n_kv_heads = n_heads if n_kv_heads is None else check_positive_int("n_kv_heads", n_kv_heads)
         if d_model % n_heads != 0:
             raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
         if n_heads % n_kv_heads != 0:
@@ -91,8 +82,8 @@ class MultiHeadAttention(nn.Module):
         self.d_model, self.n_heads, self.n_kv_heads = d_model, n_heads, n_kv_heads
         self.head_dim = d_model // n_heads
         self.causal, self.rope, self.dropout, self.batch_first = causal, rope, dropout, batch_first
-        self.kdim = d_model if kdim is None else _positive_int("kdim", kdim)
-        self.vdim = d_model if vdim is None else _positive_int("vdim", vdim)
+        self.kdim = d_model if kdim is None else check_positive_int("kdim", kdim)
+        self.vdim = d_model if vdim is None else check_positive_int("vdim", vdim)
         kv_width = n_kv_heads * self.head_dim
         factory = dict(bias=bias, device=device, dtype=dtype)
         self.q_proj = nn.Linear(d_model, d_model, **factory)
@@ -136,13 +127,13 @@ class MultiHeadAttention(nn.Module):
         """t must be a 3-d floating tensor with last dim ``width``, in the parameters' dtype
         (any floating dtype under ``torch.autocast``, which casts inputs and weights itself)."""
         if not isinstance(t, Tensor) or t.dim() != 3 or t.shape[-1] != width:
-            shape = _shape(t) if isinstance(t, Tensor) else type(t).__name__
+            shape = shape_str(t) if isinstance(t, Tensor) else type(t).__name__
             raise ValueError(f"{name} must be {expected}, got {shape}")
         if not t.is_floating_point():
             raise ValueError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
         dtype = self.q_proj.weight.dtype
         if t.dtype != dtype and not torch.is_autocast_enabled(t.device.type):
-            raise ValueError(f"{name} {_shape(t)} has dtype {t.dtype} but the module's parameters are {dtype}: "
+            raise ValueError(f"{name} {shape_str(t)} has dtype {t.dtype} but the module's parameters are {dtype}: "
                              f"convert one of them (.to({dtype}) on the input or .to({t.dtype}) on the module)")
 
     def _check_inputs(self, x: Tensor, context) -> tuple[Tensor, Tensor, Tensor]:
@@ -155,7 +146,7 @@ class MultiHeadAttention(nn.Module):
         self._check_tensor("x", x, f"({x_layout}, d_model) with d_model={self.d_model}", self.d_model)
         if context is None:
             if self.kdim != self.d_model or self.vdim != self.d_model:
-                raise ValueError(f"self-attention (context=None) projects x {_shape(x)} to keys and values, which "
+                raise ValueError(f"self-attention (context=None) projects x {shape_str(x)} to keys and values, which "
                                  f"needs kdim == vdim == d_model={self.d_model}, but this module has "
                                  f"kdim={self.kdim}, vdim={self.vdim}: pass context=(keys, values)")
             key_in = value_in = x
@@ -167,10 +158,10 @@ class MultiHeadAttention(nn.Module):
             for name, t, width in (("context (keys)", key_in, self.kdim), ("context (values)", value_in, self.vdim)):
                 self._check_tensor(name, t, f"({c_layout}, {width})", width)
                 if t.shape[b] != x.shape[b]:
-                    raise ValueError(f"{name} {_shape(t)} has batch size {t.shape[b]} but x {_shape(x)} "
+                    raise ValueError(f"{name} {shape_str(t)} has batch size {t.shape[b]} but x {shape_str(x)} "
                                      f"has {x.shape[b]}")
             if key_in.shape[1 - b] != value_in.shape[1 - b]:
-                raise ValueError(f"keys {_shape(key_in)} and values {_shape(value_in)} need the same length S")
+                raise ValueError(f"keys {shape_str(key_in)} and values {shape_str(value_in)} need the same length S")
         if not self.batch_first:                            # (T, B, d) -> (B, T, d)
             x, key_in, value_in = x.transpose(0, 1), key_in.transpose(0, 1), value_in.transpose(0, 1)
         return x, key_in, value_in
@@ -183,7 +174,7 @@ class MultiHeadAttention(nn.Module):
         if positions.is_floating_point() or positions.dtype == torch.bool:
             raise ValueError(f"positions must be an integer tensor, got dtype {positions.dtype}")
         if positions.shape not in ((T,), (B, T)):
-            raise ValueError(f"positions must have shape ({T},) or ({B}, {T}), got {_shape(positions)}")
+            raise ValueError(f"positions must have shape ({T},) or ({B}, {T}), got {shape_str(positions)}")
         return positions
 
     # ------------------------------------------------------------------ masks
@@ -208,14 +199,14 @@ class MultiHeadAttention(nn.Module):
             except RuntimeError:
                 fits = False
             if not fits:
-                raise ValueError(f"attn_mask of shape {_shape(attn_mask)} does not broadcast to the scores "
+                raise ValueError(f"attn_mask of shape {shape_str(attn_mask)} does not broadcast to the scores "
                                  f"(B, h, L, S) = {shape}")
             masks.append(attn_mask)
         if key_padding_mask is not None:
             if not isinstance(key_padding_mask, Tensor):
                 raise ValueError(f"key_padding_mask must be a torch.Tensor, got {type(key_padding_mask).__name__}")
             if key_padding_mask.shape != (B, S):
-                raise ValueError(f"key_padding_mask must be (B, S) = ({B}, {S}), got {_shape(key_padding_mask)}")
+                raise ValueError(f"key_padding_mask must be (B, S) = ({B}, {S}), got {shape_str(key_padding_mask)}")
             if key_padding_mask.dtype == torch.bool:
                 masks.append(~key_padding_mask[:, None, None, :])   # True = padding -> True = may attend
             elif key_padding_mask.is_floating_point():

@@ -21,6 +21,8 @@ import numbers
 import torch
 from torch import Tensor, nn
 
+from ._checks import check_positive_int
+
 __all__ = [
     "sinusoidal_encoding",
     "rope_inv_freq",
@@ -61,12 +63,6 @@ def _is_real(x) -> bool:
     return isinstance(x, numbers.Real) and not isinstance(x, bool)
 
 
-def _check_positive_int(name: str, n) -> int:
-    if not _is_int(n) or n < 1:
-        raise ValueError(f"{name} must be a positive int, got {n!r}")
-    return int(n)
-
-
 def _check_head_dim(head_dim) -> int:
     if not _is_int(head_dim) or head_dim < 2 or head_dim % 2:
         raise ValueError(f"head_dim must be a positive even int (dimensions are rotated in pairs), got {head_dim!r}")
@@ -103,7 +99,7 @@ def sinusoidal_encoding(n_positions: int, d_model: int, base: float = 10000.0) -
     Returns:
         (n_positions, d_model) float32 tensor, added to the token embeddings.
     """
-    _check_positive_int("n_positions", n_positions)
+    check_positive_int("n_positions", n_positions)
     if not _is_int(d_model) or d_model < 2 or d_model % 2:
         raise ValueError(f"d_model must be a positive even int (sin and cos come in pairs), got {d_model!r}")
     base = _check_base(base)
@@ -165,7 +161,7 @@ def validate_scaling(scaling: dict, head_dim: int | None = None) -> dict:
             raise ValueError(f"scaling {key!r} must be a positive number, got {value!r} (kind {kind!r})")
         out[key] = float(value)                  # NumPy scalars become plain floats
     if kind in ("yarn", "llama3"):
-        out["original_max_len"] = _check_positive_int("scaling 'original_max_len'", scaling["original_max_len"])
+        out["original_max_len"] = check_positive_int("scaling 'original_max_len'", scaling["original_max_len"])
     if kind == "yarn" and not out["beta_fast"] > out["beta_slow"]:
         raise ValueError(f"yarn needs beta_fast > beta_slow, got beta_fast={out['beta_fast']}, "
                          f"beta_slow={out['beta_slow']}")
@@ -474,7 +470,7 @@ def permute_qk_rows(weight: Tensor, n_heads: int, *, to: str = "half") -> Tensor
     """
     if to not in ("half", "interleaved"):
         raise ValueError(f"to must be 'half' or 'interleaved', got {to!r}")
-    _check_positive_int("n_heads", n_heads)
+    check_positive_int("n_heads", n_heads)
     if not isinstance(weight, Tensor) or weight.dim() not in (1, 2) or weight.shape[0] % n_heads:
         shape = tuple(weight.shape) if isinstance(weight, Tensor) else type(weight).__name__
         raise ValueError(f"weight must be (n_heads * head_dim, d_in) or (n_heads * head_dim,) with "
@@ -502,7 +498,7 @@ def alibi_slopes(n_heads: int) -> Tensor:
         (n_heads,) float32. Decreasing for a power of two; otherwise two decreasing runs,
         e.g. 6 heads: 1/4, 1/16, 1/64, 1/256 (the slopes of 4), then 1/2, 1/8 (from those of 8).
     """
-    _check_positive_int("n_heads", n_heads)
+    check_positive_int("n_heads", n_heads)
 
     def power_of_two_slopes(n: int) -> list[float]:
         return [2 ** (-8 * h / n) for h in range(1, n + 1)]
@@ -526,8 +522,8 @@ def alibi_bias(n_heads: int, L: int, S: int | None = None, *, device=None) -> Te
     Returns:
         (n_heads, L, S) float32, added to the (B, n_heads, L, S) scores before softmax.
     """
-    _check_positive_int("L", L)
-    S = L if S is None else _check_positive_int("S", S)
+    check_positive_int("L", L)
+    S = L if S is None else check_positive_int("S", S)
     if S < L:
         raise ValueError(f"alibi_bias aligns the L queries to the last L of S keys, so it needs S >= L; "
                          f"got L={L}, S={S}")

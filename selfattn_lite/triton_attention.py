@@ -24,6 +24,8 @@ import os
 import torch
 from torch import Tensor
 
+from ._checks import check_int, check_positive_int, shape_str
+
 if not torch.cuda.is_available():                       # before anything imports triton (see the docstring)
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
@@ -115,12 +117,6 @@ def _block(name: str, value) -> int:
     return value
 
 
-def _positive(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
-
-
 def key_block_bounds(q0: int, block_m: int, block_n: int, S: int, is_causal: bool) -> tuple[int, int]:
     """Where one query block's loop over key blocks switches to masking, and where it ends.
 
@@ -136,9 +132,8 @@ def key_block_bounds(q0: int, block_m: int, block_n: int, S: int, is_causal: boo
     """
     for name, value in (("q0", q0), ("block_m", block_m), ("block_n", block_n), ("S", S)):
         if name != "q0":
-            _positive(name, value)
-    if isinstance(q0, bool) or not isinstance(q0, int) or q0 < 0:
-        raise ValueError(f"q0 must be an int >= 0, got {q0!r}")
+            check_positive_int(name, value)
+    q0 = check_int("q0", q0, low=0)
     if is_causal:
         return min((q0 + 1) // block_n, S // block_n) * block_n, min(S, q0 + block_m)
     return (S // block_n) * block_n, S
@@ -153,7 +148,7 @@ def key_blocks_visited(q0: int, block_m: int, block_n: int, S: int, is_causal: b
 def program_grid(B: int, H: int, L: int, block_m: int) -> tuple[int, int]:
     """The launch grid of the forward kernel: (ceil(L / block_m) query blocks, B * H heads)."""
     for name, value in (("B", B), ("H", H), ("L", L), ("block_m", block_m)):
-        _positive(name, value)
+        check_positive_int(name, value)
     return math.ceil(L / block_m), B * H
 
 
@@ -172,9 +167,9 @@ def hbm_bytes(L: int, S: int, D: int, block_m: int, block_n: int, *, B: int = 1,
         dict with q, kv, o (incl. lse) and total bytes of the kernel, and explicit (bytes).
     """
     for name, value in (("L", L), ("S", S), ("D", D), ("B", B), ("H", H)):
-        _positive(name, value)
-    _positive("block_m", block_m)
-    _positive("block_n", block_n)
+        check_positive_int(name, value)
+    check_positive_int("block_m", block_m)
+    check_positive_int("block_n", block_n)
     e = bytes_per_element
     q = L * D * e
     key_rows = 0                       # key rows loaded, summed over the query blocks
@@ -203,30 +198,26 @@ def program_work(block_m: int, block_n: int, D: int, S: int, *, is_causal: bool 
 # Checking inputs and launching the kernels
 # ---------------------------------------------------------------------------------------------
 
-def _shape(t: Tensor) -> str:
-    return "(" + ", ".join(str(s) for s in t.shape) + ")"
-
-
 def _check(q: Tensor, k: Tensor, v: Tensor) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, Tensor):
             raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dim() != 4:
-            raise ValueError(f"{name} must be (B, H, L, D), 4 dims, got shape {_shape(t)}")
+            raise ValueError(f"{name} must be (B, H, L, D), 4 dims, got shape {shape_str(t)}")
     if not (q.dtype == k.dtype == v.dtype) or q.dtype not in DTYPES:
         raise ValueError(f"q, k, v must share one dtype of float32, bfloat16, float16, got {q.dtype}, "
                          f"{k.dtype}, {v.dtype}")
     if not (q.device == k.device == v.device):
         raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
     if k.shape != v.shape:
-        raise ValueError(f"k and v must have the same shape (B, H, S, D), got k {_shape(k)} and v {_shape(v)}")
+        raise ValueError(f"k and v must have the same shape (B, H, S, D), got k {shape_str(k)} and v {shape_str(v)}")
     if q.shape[:2] != k.shape[:2] or q.shape[3] != k.shape[3]:
-        raise ValueError(f"q (B, H, L, D) and k (B, H, S, D) must share B, H and D, got q {_shape(q)} "
-                         f"and k {_shape(k)}")
+        raise ValueError(f"q (B, H, L, D) and k (B, H, S, D) must share B, H and D, got q {shape_str(q)} "
+                         f"and k {shape_str(k)}")
     if not MIN_HEAD_DIM <= q.shape[3] <= MAX_HEAD_DIM:
-        raise ValueError(f"head dim D = {q.shape[3]} is outside {MIN_HEAD_DIM}..{MAX_HEAD_DIM} (q {_shape(q)})")
+        raise ValueError(f"head dim D = {q.shape[3]} is outside {MIN_HEAD_DIM}..{MAX_HEAD_DIM} (q {shape_str(q)})")
     if q.shape[0] * q.shape[1] == 0 or q.shape[2] == 0 or k.shape[2] == 0:
-        raise ValueError(f"need at least one head, one query and one key, got q {_shape(q)} and k {_shape(k)}")
+        raise ValueError(f"need at least one head, one query and one key, got q {shape_str(q)} and k {shape_str(k)}")
     if q.device.type != "cuda" and not interpreting():
         raise ValueError(f"q is on {q.device}: Triton kernels run on CUDA tensors, or on CPU tensors under "
                          "the interpreter (set TRITON_INTERPRET=1 before triton is imported)")
@@ -319,8 +310,8 @@ def backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tens
     B, H, L, D = q.shape
     S = k.shape[2]
     if do.shape != q.shape or out.shape != q.shape or lse.shape != q.shape[:3]:
-        raise ValueError(f"do and out must be {_shape(q)} and lse {tuple(q.shape[:3])}, got do {_shape(do)}, "
-                         f"out {_shape(out)}, lse {_shape(lse)}")
+        raise ValueError(f"do and out must be {shape_str(q)} and lse {tuple(q.shape[:3])}, got do {shape_str(do)}, "
+                         f"out {shape_str(out)}, lse {shape_str(lse)}")
     scale = _scale(scale, D)
     if config is not None:
         block_m, block_n = config["BLOCK_M"], config["BLOCK_N"]

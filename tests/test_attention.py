@@ -182,7 +182,7 @@ def test_safe_softmax():
     ((4, 8), (2, 5, 8), (2, 5, 3), {}, r"same number of dims"),
     ((1, 3, 4, 8), (1, 2, 5, 8), (1, 2, 5, 8), {}, r"do not broadcast.*enable_gqa"),
     ((1, 3, 4, 8), (1, 2, 5, 8), (1, 2, 5, 8), {"enable_gqa": True}, r"Hq=3 must be a multiple of.*H=2"),
-    ((8,), (5, 8), (5, 8), {}, r"at least 2 dims.*\(8\)"),
+    ((8,), (5, 8), (5, 8), {}, r"at least 2 dims.*\(8,\)"),
     ((4, 0), (5, 0), (5, 3), {}, r"non-empty last dim E.*\(4, 0\)"),
 ])
 def test_bad_shapes_raise_value_error_naming_them(q_shape, k_shape, v_shape, kwargs, match):

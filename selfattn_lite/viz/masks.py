@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 from matplotlib.figure import Figure
 
+from .._checks import check_int
 from ..attention import scaled_dot_product_attention
 from ..masks import causal_mask, padding_mask
 from .core import HeatmapWidget, attention_heatmap
@@ -36,8 +37,7 @@ class MaskWidget(HeatmapWidget):
     def __init__(self, max_len: int = 8, d: int = 4, seed: int = 0):
         import ipywidgets as widgets
 
-        if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 2:
-            raise ValueError(f"max_len must be an int >= 2, got {max_len!r}")
+        max_len = check_int("max_len", max_len, low=2)
         gen = torch.Generator().manual_seed(seed)
         self.x_self = torch.randn(max_len, d, generator=gen)     # the sequence attending to itself
         self.x_other = torch.randn(max_len, d, generator=gen)    # the other sequence (cross-attention)

@@ -14,6 +14,7 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
+from .._checks import check_int
 from .core import HeatmapWidget
 
 __all__ = ["saved_for_backward", "draw_saved_memory", "BackwardMemoryWidget"]
@@ -28,8 +29,7 @@ def saved_for_backward(n: int, *, B: int = 1, h: int = 8, dv: int = 64, bytes_pe
         {"explicit": B h (n^2 + n dv) bytes_per_value, "tiled": B h (n dv + n) bytes_per_value}.
     """
     for name, x in (("n", n), ("B", B), ("h", h), ("dv", dv), ("bytes_per_value", bytes_per_value)):
-        if isinstance(x, bool) or not isinstance(x, int) or x < 1:
-            raise ValueError(f"{name} must be a positive int, got {x!r}")
+        check_int(name, x, low=1)
     return {"explicit": B * h * (n * n + n * dv) * bytes_per_value,
             "tiled": B * h * (n * dv + n) * bytes_per_value}
 
