@@ -23,20 +23,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._checks import check_positive_int, shape_str
-from .attention import scaled_dot_product_attention
-from .masks import causal_mask, to_additive
+from ._checks import check_positive_int, check_tensor, shape_str
+from .attention import scaled_dot_product_attention, validate_mask
+from .masks import causal_mask, combine_masks, to_additive
 
 __all__ = ["MultiHeadAttention"]
-
-
-def _sdpa_supports_gqa() -> bool:
-    """torch >= 2.5 takes ``enable_gqa``; older versions need repeat_interleave."""
-    major, minor = (int(p) for p in torch.__version__.split(".")[:2])
-    return (major, minor) >= (2, 5)
-
-
-_SDPA_GQA = _sdpa_supports_gqa()
 
 
 class MultiHeadAttention(nn.Module):
@@ -96,140 +87,6 @@ class MultiHeadAttention(nn.Module):
         return (f"d_model={self.d_model}, n_heads={self.n_heads}{kv}, head_dim={self.head_dim}, "
                 f"causal={self.causal}, dropout={self.dropout}, batch_first={self.batch_first}")
 
-    # ------------------------------------------------------------------ projections
-
-    def _project(self, x: Tensor, key_in: Tensor, value_in: Tensor, self_attention: bool):
-        """q (B, L, d), k and v (B, S, n_kv_heads * head_dim).
-
-        Self-attention without autograd (inference) does one matmul with W_q, W_k, W_v stacked
-        into a (d + 2 * kv_width, d) matrix, as ``nn.MultiheadAttention`` does. The stack is
-        built afresh on every call: a copy of three weight matrices, small next to the matmul,
-        and never stale, however the weights were changed (optimizer step, ``load_state_dict``,
-        an in-place edit through ``.data``).
-        """
-        if self_attention and not torch.is_grad_enabled():
-            weight = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])
-            bias = None
-            if self.q_proj.bias is not None:
-                bias = torch.cat([self.q_proj.bias, self.k_proj.bias, self.v_proj.bias])
-            kv_width = self.n_kv_heads * self.head_dim
-            return F.linear(x, weight, bias).split([self.d_model, kv_width, kv_width], dim=-1)
-        return self.q_proj(x), self.k_proj(key_in), self.v_proj(value_in)
-
-    def _split_heads(self, t: Tensor, n_heads: int) -> Tensor:
-        """(B, T, n_heads * head_dim) -> (B, n_heads, T, head_dim)."""
-        B, T, _ = t.shape
-        return t.view(B, T, n_heads, self.head_dim).transpose(1, 2)
-
-    # ------------------------------------------------------------------ checks
-
-    def _check_tensor(self, name: str, t, expected: str, width: int) -> None:
-        """t must be a 3-d floating tensor with last dim ``width``, in the parameters' dtype
-        (any floating dtype under ``torch.autocast``, which casts inputs and weights itself)."""
-        if not isinstance(t, Tensor) or t.dim() != 3 or t.shape[-1] != width:
-            shape = shape_str(t) if isinstance(t, Tensor) else type(t).__name__
-            raise ValueError(f"{name} must be {expected}, got {shape}")
-        if not t.is_floating_point():
-            raise ValueError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
-        dtype = self.q_proj.weight.dtype
-        if t.dtype != dtype and not torch.is_autocast_enabled(t.device.type):
-            raise ValueError(f"{name} {shape_str(t)} has dtype {t.dtype} but the module's parameters are {dtype}: "
-                             f"convert one of them (.to({dtype}) on the input or .to({t.dtype}) on the module)")
-
-    def _check_inputs(self, x: Tensor, context) -> tuple[Tensor, Tensor, Tensor]:
-        """Validate x and context as the caller passed them; return (x, key input, value input), batch-first.
-
-        Messages show the caller's layout and shapes: (B, T, ...) when ``batch_first``, else (T, B, ...).
-        """
-        b = 0 if self.batch_first else 1                    # the batch dim in the caller's layout
-        x_layout, c_layout = ("B, T", "B, S") if self.batch_first else ("T, B", "S, B")
-        self._check_tensor("x", x, f"({x_layout}, d_model) with d_model={self.d_model}", self.d_model)
-        if context is None:
-            if self.kdim != self.d_model or self.vdim != self.d_model:
-                raise ValueError(f"self-attention (context=None) projects x {shape_str(x)} to keys and values, which "
-                                 f"needs kdim == vdim == d_model={self.d_model}, but this module has "
-                                 f"kdim={self.kdim}, vdim={self.vdim}: pass context=(keys, values)")
-            key_in = value_in = x
-        else:
-            if isinstance(context, (tuple, list)) and len(context) != 2:
-                raise ValueError(f"context must be one tensor (keys = values) or a pair (keys, values), "
-                                 f"got a {type(context).__name__} of {len(context)} items")
-            key_in, value_in = context if isinstance(context, (tuple, list)) else (context, context)
-            for name, t, width in (("context (keys)", key_in, self.kdim), ("context (values)", value_in, self.vdim)):
-                self._check_tensor(name, t, f"({c_layout}, {width})", width)
-                if t.shape[b] != x.shape[b]:
-                    raise ValueError(f"{name} {shape_str(t)} has batch size {t.shape[b]} but x {shape_str(x)} "
-                                     f"has {x.shape[b]}")
-            if key_in.shape[1 - b] != value_in.shape[1 - b]:
-                raise ValueError(f"keys {shape_str(key_in)} and values {shape_str(value_in)} need the same length S")
-        if not self.batch_first:                            # (T, B, d) -> (B, T, d)
-            x, key_in, value_in = x.transpose(0, 1), key_in.transpose(0, 1), value_in.transpose(0, 1)
-        return x, key_in, value_in
-
-    def _positions(self, positions, B: int, T: int, start: int, device) -> Tensor:
-        """Absolute positions (T,) or (B, T) of the new tokens; default start + arange(T)."""
-        if positions is None:
-            return torch.arange(start, start + T, device=device)
-        positions = torch.as_tensor(positions, device=device)
-        if positions.is_floating_point() or positions.dtype == torch.bool:
-            raise ValueError(f"positions must be an integer tensor, got dtype {positions.dtype}")
-        if positions.shape not in ((T,), (B, T)):
-            raise ValueError(f"positions must have shape ({T},) or ({B}, {T}), got {shape_str(positions)}")
-        return positions
-
-    # ------------------------------------------------------------------ masks
-
-    def _mask(self, B: int, L: int, S: int, key_padding_mask, attn_mask, cached: bool, like: Tensor):
-        """Combine causal, attn_mask and key_padding_mask into one mask for (B, h, L, S) scores.
-
-        Returns (mask, is_causal): mask is None, bool (True = may attend) or float (additive).
-        A lone causal mask on square scores is passed as ``is_causal=True`` instead.
-        """
-        scores_shape = (B, self.n_heads, L, S)
-        shape = str(scores_shape)
-        masks = []
-        if attn_mask is not None:
-            if not isinstance(attn_mask, Tensor):
-                raise ValueError(f"attn_mask must be a torch.Tensor, got {type(attn_mask).__name__}")
-            if attn_mask.dtype != torch.bool and not attn_mask.is_floating_point():
-                raise ValueError(f"attn_mask must be bool (True = may attend) or floating (added to the scores), "
-                                 f"got dtype {attn_mask.dtype}")
-            try:
-                fits = torch.broadcast_shapes(attn_mask.shape, scores_shape) == scores_shape
-            except RuntimeError:
-                fits = False
-            if not fits:
-                raise ValueError(f"attn_mask of shape {shape_str(attn_mask)} does not broadcast to the scores "
-                                 f"(B, h, L, S) = {shape}")
-            masks.append(attn_mask)
-        if key_padding_mask is not None:
-            if not isinstance(key_padding_mask, Tensor):
-                raise ValueError(f"key_padding_mask must be a torch.Tensor, got {type(key_padding_mask).__name__}")
-            if key_padding_mask.shape != (B, S):
-                raise ValueError(f"key_padding_mask must be (B, S) = ({B}, {S}), got {shape_str(key_padding_mask)}")
-            if key_padding_mask.dtype == torch.bool:
-                masks.append(~key_padding_mask[:, None, None, :])   # True = padding -> True = may attend
-            elif key_padding_mask.is_floating_point():
-                masks.append(key_padding_mask[:, None, None, :])    # additive, as in torch
-            else:
-                raise ValueError(f"key_padding_mask must be bool (True = padding) or floating (added to the "
-                                 f"scores), got dtype {key_padding_mask.dtype}")
-        if self.causal:
-            if not masks and L == S:
-                return None, True
-            masks.append(causal_mask(L, S, bottom_right=cached, device=like.device))  # (L, S)
-        if not masks:
-            return None, False
-        if all(m.dtype == torch.bool for m in masks):
-            mask = masks[0]
-            for m in masks[1:]:
-                mask = mask & m                                     # may attend only if all allow
-            return mask, False
-        mask = sum(to_additive(m, like.dtype) if m.dtype == torch.bool else m.to(like.dtype) for m in masks)
-        return mask, False
-
-    # ------------------------------------------------------------------ forward
-
     def forward(self, x: Tensor, context=None, *, key_padding_mask: Tensor | None = None,
                 attn_mask: Tensor | None = None, kv_cache=None, positions: Tensor | None = None,
                 need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
@@ -258,57 +115,129 @@ class MultiHeadAttention(nn.Module):
             y (B, L, d_model) (or (L, B, d_model) when not batch_first), and the per-head
             weights (B, h, L, S) when ``need_weights`` else None.
         """
-        x, key_in, value_in = self._check_inputs(x, context)
-        if context is not None and (kv_cache is not None or self.rope is not None):
-            raise ValueError("kv_cache and rope apply to self-attention only: pass context=None with them")
+        x, key_in, value_in = self._batch_first_inputs(x, context, kv_cache, positions)
         B, L, _ = x.shape
+        q = self._split_heads(self.q_proj(x), self.n_heads)              # (B, h, L, head_dim)
+        k = self._split_heads(self.k_proj(key_in), self.n_kv_heads)      # (B, h_kv, S, head_dim)
+        v = self._split_heads(self.v_proj(value_in), self.n_kv_heads)    # (B, h_kv, S, head_dim)
 
-        q, k, v = self._project(x, key_in, value_in, self_attention=context is None)
-        q = self._split_heads(q, self.n_heads)         # (B, h, L, head_dim)
-        k = self._split_heads(k, self.n_kv_heads)      # (B, h_kv, S, head_dim)
-        v = self._split_heads(v, self.n_kv_heads)      # (B, h_kv, S, head_dim)
-
-        start = len(kv_cache) if kv_cache is not None else 0   # read before the update
+        start = len(kv_cache) if kv_cache is not None else 0            # tokens stored before these
+        if positions is not None or self.rope is not None:
+            positions = self._positions(positions, B, L, start, x.device)
         if self.rope is not None:
-            pos = self._positions(positions, B, L, start, x.device)
-            q, k = self.rope(q, pos), self.rope(k, pos)
-        elif positions is not None:
-            self._positions(positions, B, L, start, x.device)  # still validated
+            q, k = self.rope(q, positions), self.rope(k, positions)
         if kv_cache is not None:
-            k, v = kv_cache.update(k, v)               # (B, h_kv, start + L, head_dim)
-        S = k.shape[-2]
+            k, v = kv_cache.update(k, v)                                 # (B, h_kv, start + L, head_dim)
 
-        mask, is_causal = self._mask(B, L, S, key_padding_mask, attn_mask, cached=kv_cache is not None, like=q)
+        mask = self._mask(B, L, k.shape[-2], key_padding_mask, attn_mask, kv_cache is not None, q)
+        out, weights = self._attend(q, k, v, mask, need_weights)         # (B, h, L, head_dim)
+        y = self.out_proj(out.transpose(1, 2).reshape(B, L, self.d_model))   # concat heads, mix: (B, L, d)
+        return (y if self.batch_first else y.transpose(0, 1)), weights
+
+    def _split_heads(self, t: Tensor, n_heads: int) -> Tensor:
+        """(B, T, n_heads * head_dim) -> (B, n_heads, T, head_dim)."""
+        B, T, _ = t.shape
+        return t.view(B, T, n_heads, self.head_dim).transpose(1, 2)
+
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask, need_weights: bool):
+        """Explicit attention with its weights, or torch's fused SDPA (or ``attn_fn``) without."""
+        is_causal = isinstance(mask, str)             # "causal": a lone causal mask on square scores
+        mask = None if is_causal else mask
         dropout_p = self.dropout if self.training else 0.0
+        gqa = self.n_kv_heads != self.n_heads
         if need_weights:
-            out, weights = scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
-                                                        is_causal=is_causal,
-                                                        enable_gqa=self.n_kv_heads != self.n_heads)
-        else:
-            out, weights = self._fused(q, k, v, mask, dropout_p, is_causal), None
-
-        y = out.transpose(1, 2).reshape(B, L, self.d_model)   # concat heads: (B, L, d)
-        y = self.out_proj(y)
-        if not self.batch_first:
-            y = y.transpose(0, 1)                               # (L, B, d)
-        return y, weights
-
-    def _fused(self, q: Tensor, k: Tensor, v: Tensor, mask, dropout_p: float, is_causal: bool) -> Tensor:
-        """torch's fused SDPA (or ``self.attn_fn``); (B, h, L, head_dim)."""
-        group = self.n_heads // self.n_kv_heads
+            return scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
+                                                is_causal=is_causal, enable_gqa=gqa)
         if self.attn_fn is not None:
             if dropout_p > 0:
                 raise ValueError(f"attn_fn does not take attention dropout, but dropout_p={dropout_p}")
             masks = {} if mask is None else {"attn_mask": mask}
-            return self.attn_fn(q, k, v, is_causal=is_causal, enable_gqa=group > 1, **masks)
-        if group == 1:
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal)
-        if _SDPA_GQA:
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
-                                                  is_causal=is_causal, enable_gqa=True)
-        k = k.repeat_interleave(group, dim=1)   # (B, h, S, head_dim)
-        v = v.repeat_interleave(group, dim=1)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal)
+            return self.attn_fn(q, k, v, is_causal=is_causal, enable_gqa=gqa, **masks), None
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
+                                              is_causal=is_causal, enable_gqa=gqa), None
+
+    # ------------------------------------------------------------------ inputs and masks
+
+    def _batch_first_inputs(self, x: Tensor, context, kv_cache, positions) -> tuple[Tensor, Tensor, Tensor]:
+        """Check x and context as the caller passed them; return (x, key input, value input), batch-first.
+
+        Messages show the caller's layout: (B, T, ...) when ``batch_first``, else (T, B, ...).
+        """
+        b = 0 if self.batch_first else 1                                # the batch dim in the caller's layout
+        x_layout, c_layout = ("B, T", "B, S") if self.batch_first else ("T, B", "S, B")
+        self._check_features("x", x, f"({x_layout}, d_model) with d_model={self.d_model}", self.d_model)
+        if context is None:
+            if self.kdim != self.d_model or self.vdim != self.d_model:
+                raise ValueError(f"self-attention (context=None) projects x {shape_str(x)} to keys and values, "
+                                 f"which needs kdim == vdim == d_model={self.d_model}, but this module has "
+                                 f"kdim={self.kdim}, vdim={self.vdim}: pass context=(keys, values)")
+            key_in = value_in = x
+        else:
+            if kv_cache is not None or self.rope is not None:
+                raise ValueError("kv_cache and rope apply to self-attention only: pass context=None with them")
+            if isinstance(context, (tuple, list)) and len(context) != 2:
+                raise ValueError(f"context must be one tensor (keys = values) or a pair (keys, values), "
+                                 f"got a {type(context).__name__} of {len(context)} items")
+            key_in, value_in = context if isinstance(context, (tuple, list)) else (context, context)
+            for name, t, width in (("context (keys)", key_in, self.kdim), ("context (values)", value_in, self.vdim)):
+                self._check_features(name, t, f"({c_layout}, {width})", width)
+                if t.shape[b] != x.shape[b]:
+                    raise ValueError(f"{name} {shape_str(t)} has batch size {t.shape[b]} but x {shape_str(x)} "
+                                     f"has {x.shape[b]}")
+            if key_in.shape[1 - b] != value_in.shape[1 - b]:
+                raise ValueError(f"keys {shape_str(key_in)} and values {shape_str(value_in)} need the same length S")
+        if not self.batch_first:                                        # (T, B, d) -> (B, T, d)
+            x, key_in, value_in = x.transpose(0, 1), key_in.transpose(0, 1), value_in.transpose(0, 1)
+        return x, key_in, value_in
+
+    def _check_features(self, name: str, t, expected: str, width: int) -> None:
+        """t: a 3-d floating tensor (..., width) in the parameters' dtype (any dtype under autocast)."""
+        if not isinstance(t, Tensor) or t.dim() != 3 or t.shape[-1] != width:
+            raise ValueError(f"{name} must be {expected}, got "
+                             f"{shape_str(t) if isinstance(t, Tensor) else type(t).__name__}")
+        check_tensor(name, t, floating=True)
+        dtype = self.q_proj.weight.dtype
+        if t.dtype != dtype and not torch.is_autocast_enabled(t.device.type):
+            raise ValueError(f"{name} {shape_str(t)} has dtype {t.dtype} but the module's parameters are {dtype}: "
+                             f"convert one of them (.to({dtype}) on the input or .to({t.dtype}) on the module)")
+
+    @staticmethod
+    def _positions(positions, B: int, L: int, start: int, device) -> Tensor:
+        """Absolute positions (L,) or (B, L) of the new tokens; default start + arange(L)."""
+        if positions is None:
+            return torch.arange(start, start + L, device=device)
+        positions = torch.as_tensor(positions, device=device)
+        if positions.is_floating_point() or positions.dtype == torch.bool:
+            raise ValueError(f"positions must be an integer tensor, got dtype {positions.dtype}")
+        if positions.shape not in ((L,), (B, L)):
+            raise ValueError(f"positions must have shape ({L},) or ({B}, {L}), got {shape_str(positions)}")
+        return positions
+
+    def _mask(self, B: int, L: int, S: int, key_padding_mask, attn_mask, cached: bool, q: Tensor):
+        """One mask for the (B, h, L, S) scores from causal, attn_mask and key_padding_mask.
+
+        Returns None, "causal" (a lone causal mask on square scores: SDPA's ``is_causal``),
+        a bool mask (True = may attend) when every part is bool, else an additive float mask.
+        """
+        if attn_mask is not None:
+            validate_mask(attn_mask, torch.Size((B, self.n_heads, L, S)))
+        if key_padding_mask is not None:
+            check_tensor("key_padding_mask", key_padding_mask)
+            if key_padding_mask.shape != (B, S):
+                raise ValueError(f"key_padding_mask must be (B, S) = ({B}, {S}), got {shape_str(key_padding_mask)}")
+            if key_padding_mask.dtype == torch.bool:
+                key_padding_mask = ~key_padding_mask                    # True = padding -> True = may attend
+            elif not key_padding_mask.is_floating_point():
+                raise ValueError(f"key_padding_mask must be bool (True = padding) or floating (added to the "
+                                 f"scores), got dtype {key_padding_mask.dtype}")
+            key_padding_mask = key_padding_mask[:, None, None, :]        # (B, 1, 1, S)
+        if self.causal and attn_mask is None and key_padding_mask is None and L == S:
+            return "causal"
+        causal = causal_mask(L, S, bottom_right=cached, device=q.device) if self.causal else None   # (L, S)
+        parts = [m for m in (attn_mask, key_padding_mask, causal) if m is not None]
+        if all(m.dtype == torch.bool for m in parts):
+            return combine_masks(*parts)                                 # may attend only if all allow
+        return sum(to_additive(m, q.dtype) if m.dtype == torch.bool else m.to(q.dtype) for m in parts)
 
     # ------------------------------------------------------------------ import from torch
 
@@ -337,7 +266,7 @@ class MultiHeadAttention(nn.Module):
                    kdim=module.kdim, vdim=module.vdim, batch_first=module.batch_first,
                    device=weight.device, dtype=weight.dtype)
         with torch.no_grad():
-            if module._qkv_same_embed_dim:
+            if module.in_proj_weight is not None:                    # one packed (3d, d) matrix
                 w_q, w_k, w_v = module.in_proj_weight.chunk(3)       # each (d, d)
             else:
                 w_q, w_k, w_v = module.q_proj_weight, module.k_proj_weight, module.v_proj_weight

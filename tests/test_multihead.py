@@ -527,7 +527,7 @@ def test_bad_masks():
     mha = MultiHeadAttention(8, 2)
     x = torch.randn(2, 4, 8)
     with pytest.raises(ValueError, match=r"attn_mask of shape \(3, 4\) does not broadcast to the scores "
-                                         r"\(B, h, L, S\) = \(2, 2, 4, 4\)"):
+                                         r"\(..., L, S\) of shape \(2, 2, 4, 4\)"):
         mha(x, attn_mask=torch.ones(3, 4, dtype=torch.bool))
     with pytest.raises(ValueError, match=r"attn_mask of shape \(2, 3, 4, 4\)"):
         mha(x, attn_mask=torch.ones(2, 3, 4, 4, dtype=torch.bool))      # 3 heads, not 2
