@@ -22,9 +22,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ._checks import check_int, check_positive_int, shape_str
+from ._checks import check_int, check_positive_int, check_tensor, shape_str
 
 __all__ = [
+    "TokenCache",
     "KVCache",
     "kv_cache_bytes",
     "ModelPreset",
@@ -44,7 +45,51 @@ __all__ = [
 # --------------------------------------------------------------------------------------
 # The cache of one layer
 # --------------------------------------------------------------------------------------
-class KVCache:
+class TokenCache:
+    """What every cache here shares: B sequences, at most ``max_len`` tokens, filled left to right.
+
+    Subclasses allocate their buffers (``_buffers`` lists them, time on ``_time_dim``) and
+    write into them; this class does the bookkeeping: ``len``, ``reset``, ``crop``, ``nbytes``
+    and the overflow check. ``len(cache)`` is the number of tokens stored, which is also the
+    position of the next token (what RoPE needs).
+    """
+
+    _buffers: tuple[str, ...] = ()
+    kind = "KV cache"                                   # in messages
+
+    def __init__(self, batch: int, max_len: int):
+        self.batch = check_positive_int("batch", batch)
+        self.max_len = check_positive_int("max_len", max_len)
+        self._len = 0
+
+    def __len__(self) -> int:
+        return self._len
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the preallocated buffers (all max_len slots)."""
+        return sum(getattr(self, name).nbytes for name in self._buffers)
+
+    def _reserve(self, t_new: int) -> tuple[int, int]:
+        """The slots [start, end) of ``t_new`` more tokens; ValueError when they do not fit."""
+        if t_new < 1:
+            raise ValueError(f"an update must hold at least one new token, got T_new = {t_new}")
+        if self._len + t_new > self.max_len:
+            raise ValueError(
+                f"{self.kind} overflow: it holds {self._len} tokens, {t_new} more would make "
+                f"{self._len + t_new} > max_len = {self.max_len}; allocate a larger max_len or reset()")
+        return self._len, self._len + t_new
+
+    def reset(self) -> None:
+        """Forget every stored token (the buffers stay allocated, for the next sequence)."""
+        self._len = 0
+
+    def crop(self, length: int) -> None:
+        """Keep only the first ``length`` tokens (roll back a rejected draft, re-decode a suffix)."""
+        self._len = check_int("crop length", length, low=0, high=self._len)
+
+
+class KVCache(TokenCache):
     """Preallocated keys and values of one attention layer, filled left to right.
 
     ``update(k, v)`` writes the new tokens' keys and values at positions
@@ -56,52 +101,48 @@ class KVCache:
         n_kv_heads: key/value heads of the layer (n_heads for MHA, fewer for GQA/MQA).
         max_len: the most tokens the cache can hold (prompt + generated).
         head_dim: dk, the size of one head's key/value vector.
-        dtype, device: of the buffers; ``update`` requires the same.
+        dtype, device: of the keys and values ``update`` takes and returns.
 
     Attributes:
         k, v: the (B, n_kv_heads, max_len, head_dim) buffers (only [:len] is meaningful).
     """
 
+    _buffers = ("k", "v")
+
     def __init__(self, batch: int, n_kv_heads: int, max_len: int, head_dim: int, *,
                  dtype: torch.dtype = torch.float32, device: torch.device | str | None = None):
-        self.batch = check_positive_int("batch", batch)
+        super().__init__(batch, max_len)
         self.n_kv_heads = check_positive_int("n_kv_heads", n_kv_heads)
-        self.max_len = check_positive_int("max_len", max_len)
         self.head_dim = check_positive_int("head_dim", head_dim)
-        shape = (batch, n_kv_heads, max_len, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)  # (B, h_kv, max_len, dk)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)  # (B, h_kv, max_len, dk)
-        self._len = 0
+        self.dtype = dtype
+        self._allocate((self.batch, self.n_kv_heads, self.max_len, self.head_dim), device)
 
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.k.dtype
+    def _allocate(self, shape: tuple[int, int, int, int], device) -> None:
+        self.k = torch.zeros(shape, dtype=self.dtype, device=device)  # (B, h_kv, max_len, dk)
+        self.v = torch.zeros(shape, dtype=self.dtype, device=device)  # (B, h_kv, max_len, dk)
 
     @property
     def device(self) -> torch.device:
         return self.k.device
-
-    def __len__(self) -> int:
-        return self._len
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(batch={self.batch}, n_kv_heads={self.n_kv_heads}, "
                 f"max_len={self.max_len}, head_dim={self.head_dim}, dtype={self.dtype}, len={self._len})")
 
     @property
-    def nbytes(self) -> int:
-        """Bytes held by the preallocated K and V buffers (all max_len slots)."""
-        return self.k.nbytes + self.v.nbytes
+    def n_kept(self) -> int:
+        """Slots in use (the tokens stored)."""
+        return self._len
 
     @property
     def used_bytes(self) -> int:
-        """Bytes of the slots filled so far: 2 x B x h_kv x len x dk x bytes per value."""
-        return 2 * self.batch * self.n_kv_heads * self._len * self.head_dim * self.k.element_size()
+        """Bytes of the slots in use: 2 x B x h_kv x n_kept x dk x bytes per value."""
+        return 2 * self.batch * self.n_kv_heads * self.n_kept * self.head_dim * self.k.element_size()
 
     def _check(self, k: Tensor, v: Tensor) -> int:
+        """T_new of the new keys and values, if they fit this cache's shape, dtype and device."""
         for name, t in (("k", k), ("v", v)):
-            if not isinstance(t, Tensor):
-                raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+            check_tensor(name, t)
             if t.dim() != 4 or t.shape[0] != self.batch or t.shape[1] != self.n_kv_heads \
                     or t.shape[3] != self.head_dim:
                 raise ValueError(
@@ -113,14 +154,9 @@ class KVCache:
                 raise ValueError(f"{name} is on {t.device} but the cache is on {self.device}")
         if k.shape != v.shape:
             raise ValueError(f"k and v must have the same shape, got k {shape_str(k)} and v {shape_str(v)}")
-        t_new = k.shape[2]
-        if t_new < 1:
+        if k.shape[2] < 1:
             raise ValueError(f"k and v must hold at least one new token, got T_new = 0 ({shape_str(k)})")
-        if self._len + t_new > self.max_len:
-            raise ValueError(
-                f"KV cache overflow: it holds {self._len} tokens, {t_new} more would make "
-                f"{self._len + t_new} > max_len = {self.max_len}; allocate a larger max_len or reset()")
-        return t_new
+        return k.shape[2]
 
     def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Append the new tokens' keys and values; return all stored keys and values.
@@ -136,21 +172,11 @@ class KVCache:
         Raises:
             ValueError: on a shape, dtype or device that does not fit, or on overflow.
         """
-        t_new = self._check(k, v)
-        start, end = self._len, self._len + t_new
+        start, end = self._reserve(self._check(k, v))
         self.k[:, :, start:end] = k
         self.v[:, :, start:end] = v
         self._len = end
         return self.k[:, :, :end], self.v[:, :, :end]  # (B, h_kv, len, dk)
-
-    def reset(self) -> None:
-        """Forget every stored token (the buffers stay allocated, for the next sequence)."""
-        self._len = 0
-
-    def crop(self, length: int) -> None:
-        """Keep only the first ``length`` tokens (roll back a rejected draft, re-decode a suffix)."""
-        length = check_int("crop length", length, low=0, high=self._len)
-        self._len = length
 
 
 # --------------------------------------------------------------------------------------
@@ -466,27 +492,13 @@ class Int8KVCache(KVCache):
     Memory per value: 1 byte, plus one ``dtype`` scale per head_dim values.
     """
 
-    def __init__(self, batch: int, n_kv_heads: int, max_len: int, head_dim: int, *,
-                 dtype: torch.dtype = torch.float32, device: torch.device | str | None = None):
-        self.batch = check_positive_int("batch", batch)
-        self.n_kv_heads = check_positive_int("n_kv_heads", n_kv_heads)
-        self.max_len = check_positive_int("max_len", max_len)
-        self.head_dim = check_positive_int("head_dim", head_dim)
-        self._dtype = dtype
-        shape = (batch, n_kv_heads, max_len, head_dim)
-        self.k = torch.zeros(shape, dtype=torch.int8, device=device)   # (B, h_kv, max_len, dk)
+    _buffers = ("k", "v", "k_scale", "v_scale")
+
+    def _allocate(self, shape: tuple[int, int, int, int], device) -> None:
+        self.k = torch.zeros(shape, dtype=torch.int8, device=device)                  # (B, h_kv, max_len, dk)
         self.v = torch.zeros(shape, dtype=torch.int8, device=device)
-        self.k_scale = torch.ones(shape[:3] + (1,), dtype=dtype, device=device)  # (B, h_kv, max_len, 1)
-        self.v_scale = torch.ones(shape[:3] + (1,), dtype=dtype, device=device)
-        self._len = 0
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self._dtype
-
-    @property
-    def nbytes(self) -> int:
-        return self.k.nbytes + self.v.nbytes + self.k_scale.nbytes + self.v_scale.nbytes
+        self.k_scale = torch.ones(shape[:3] + (1,), dtype=self.dtype, device=device)  # (B, h_kv, max_len, 1)
+        self.v_scale = torch.ones(shape[:3] + (1,), dtype=self.dtype, device=device)
 
     @property
     def used_bytes(self) -> int:
@@ -495,8 +507,7 @@ class Int8KVCache(KVCache):
 
     def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Quantise and append k, v (B, n_kv_heads, T_new, head_dim); return all, dequantised."""
-        t_new = self._check(k, v)
-        start, end = self._len, self._len + t_new
+        start, end = self._reserve(self._check(k, v))
         self.k[:, :, start:end], self.k_scale[:, :, start:end] = quantize_int8(k)
         self.v[:, :, start:end], self.v_scale[:, :, start:end] = quantize_int8(v)
         self._len = end
@@ -508,7 +519,7 @@ class Int8KVCache(KVCache):
 # --------------------------------------------------------------------------------------
 # Caches of constant size: attention sinks and a rolling window
 # --------------------------------------------------------------------------------------
-class SinkKVCache:
+class SinkKVCache(KVCache):
     """Keep the first ``n_sink`` tokens and a rolling window of the last ``window``: constant memory.
 
     StreamingLLM (Xiao et al., 2024) keeps the first tokens ("attention sinks") and the
@@ -536,30 +547,11 @@ class SinkKVCache:
 
     def __init__(self, batch: int, n_kv_heads: int, head_dim: int, *, window: int, n_sink: int = 0,
                  dtype: torch.dtype = torch.float32, device: torch.device | str | None = None):
-        self.batch = check_positive_int("batch", batch)
-        self.n_kv_heads = check_positive_int("n_kv_heads", n_kv_heads)
-        self.head_dim = check_positive_int("head_dim", head_dim)
         self.window = check_positive_int("window", window)
-        n_sink = check_int("n_sink", n_sink, low=0)
-        self.n_sink = n_sink
-        self.capacity = n_sink + window
-        shape = (batch, n_kv_heads, self.capacity, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)   # (B, h_kv, n_sink + window, dk)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.n_sink = check_int("n_sink", n_sink, low=0)
+        self.capacity = self.n_sink + self.window
+        super().__init__(batch, n_kv_heads, self.capacity, head_dim, dtype=dtype, device=device)
         self.slot_positions = torch.full((self.capacity,), -1, dtype=torch.long)
-        self._len = 0
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.k.dtype
-
-    @property
-    def device(self) -> torch.device:
-        return self.k.device
-
-    def __len__(self) -> int:
-        """Tokens seen so far (the position of the next token), not the slots in use."""
-        return self._len
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(batch={self.batch}, n_kv_heads={self.n_kv_heads}, head_dim={self.head_dim}, "
@@ -567,38 +559,14 @@ class SinkKVCache:
 
     @property
     def n_kept(self) -> int:
-        """Slots in use: min(tokens seen, n_sink + window)."""
+        """Slots in use: min(tokens seen, n_sink + window). (``len(cache)`` counts every token seen.)"""
         return min(self._len, self.capacity)
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the K and V buffers: 2 x B x h_kv x (n_sink + window) x dk x bytes, whatever the length."""
-        return self.k.nbytes + self.v.nbytes
 
     def slot(self, position: int) -> int:
         """The slot that holds the token at ``position``."""
         if position < self.n_sink:
             return position
         return self.n_sink + (position - self.n_sink) % self.window
-
-    def _check(self, k: Tensor, v: Tensor) -> int:
-        for name, t in (("k", k), ("v", v)):
-            if not isinstance(t, Tensor):
-                raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-            if t.dim() != 4 or t.shape[0] != self.batch or t.shape[1] != self.n_kv_heads \
-                    or t.shape[3] != self.head_dim or t.shape[2] < 1:
-                raise ValueError(f"{name} must have shape (B={self.batch}, n_kv_heads={self.n_kv_heads}, T_new >= 1, "
-                                 f"head_dim={self.head_dim}) to fit this cache, got {shape_str(t)}")
-            if t.dtype != self.dtype or t.device != self.device:
-                raise ValueError(f"{name} is {t.dtype} on {t.device}, the cache holds {self.dtype} on {self.device}")
-        if k.shape != v.shape:
-            raise ValueError(f"k and v must have the same shape, got k {shape_str(k)} and v {shape_str(v)}")
-        t_new = k.shape[2]
-        if t_new > 1 and self._len + t_new > self.capacity:
-            raise ValueError(
-                f"{t_new} new tokens after {self._len} would evict tokens that the earlier new queries still see: "
-                f"feed at most n_sink + window - len = {self.capacity - self._len} tokens at once, then one per step")
-        return t_new
 
     def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Write the new tokens' keys and values; return the kept ones, in slot order.
@@ -613,6 +581,10 @@ class SinkKVCache:
             the order of the keys, only on which keys are there.
         """
         t_new = self._check(k, v)
+        if t_new > 1 and self._len + t_new > self.capacity:
+            raise ValueError(
+                f"{t_new} new tokens after {self._len} would evict tokens that the earlier new queries still see: "
+                f"feed at most n_sink + window - len = {self.capacity - self._len} tokens at once, then one per step")
         for i in range(t_new):
             position = self._len + i
             s = self.slot(position)
@@ -629,8 +601,12 @@ class SinkKVCache:
 
     def reset(self) -> None:
         """Forget every token (the buffers stay allocated)."""
-        self._len = 0
+        super().reset()
         self.slot_positions.fill_(-1)
+
+    def crop(self, length: int) -> None:
+        """Not for a cache that evicts: the tokens a rollback would need may be gone."""
+        raise ValueError(f"{type(self).__name__} cannot crop: it evicts old tokens, so a rollback cannot restore them")
 
 
 class RollingKVCache(SinkKVCache):

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ._checks import check_int, check_positive_int, shape_str
+from .kv_cache import TokenCache
 from .masks import causal_mask
 from .positions import RotaryEmbedding
 
@@ -52,8 +53,10 @@ def mla_cache_bytes(n_layers: int, kv_lora_rank: int, qk_rope_head_dim: int, n_t
     return int(round((kv_lora_rank + qk_rope_head_dim) * n_layers * n_tokens * batch * bytes_per_value))
 
 
-class MLACache:
+class MLACache(TokenCache):
     """The cache of one MLA layer: the latent c^KV and the RoPE key k^R of every past token.
+
+    The bookkeeping (``len``, ``reset``, ``crop``, ``nbytes``, overflow) is ``kv_cache.TokenCache``'s.
 
     Args:
         batch: B. max_len: the most tokens it holds.
@@ -63,27 +66,20 @@ class MLACache:
         c_kv: (B, max_len, kv_lora_rank). k_rope: (B, max_len, qk_rope_head_dim), already rotated.
     """
 
+    _buffers = ("c_kv", "k_rope")
+    kind = "MLA cache"
+
     def __init__(self, batch: int, max_len: int, kv_lora_rank: int, qk_rope_head_dim: int, *,
                  dtype: torch.dtype = torch.float32, device: torch.device | str | None = None):
-        self.batch = check_positive_int("batch", batch)
-        self.max_len = check_positive_int("max_len", max_len)
+        super().__init__(batch, max_len)
         self.kv_lora_rank = check_positive_int("kv_lora_rank", kv_lora_rank)
         self.qk_rope_head_dim = check_positive_int("qk_rope_head_dim", qk_rope_head_dim)
-        self.c_kv = torch.zeros(batch, max_len, kv_lora_rank, dtype=dtype, device=device)
-        self.k_rope = torch.zeros(batch, max_len, qk_rope_head_dim, dtype=dtype, device=device)
-        self._len = 0
-
-    def __len__(self) -> int:
-        return self._len
+        self.c_kv = torch.zeros(self.batch, self.max_len, self.kv_lora_rank, dtype=dtype, device=device)
+        self.k_rope = torch.zeros(self.batch, self.max_len, self.qk_rope_head_dim, dtype=dtype, device=device)
 
     def __repr__(self) -> str:
         return (f"MLACache(batch={self.batch}, max_len={self.max_len}, kv_lora_rank={self.kv_lora_rank}, "
                 f"qk_rope_head_dim={self.qk_rope_head_dim}, len={self._len})")
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the two buffers (all max_len slots)."""
-        return self.c_kv.nbytes + self.k_rope.nbytes
 
     def update(self, c_kv: Tensor, k_rope: Tensor) -> tuple[Tensor, Tensor]:
         """Append T_new tokens: c_kv (B, T_new, kv_lora_rank), k_rope (B, T_new, qk_rope_head_dim).
@@ -95,25 +91,14 @@ class MLACache:
             if not isinstance(t, Tensor) or t.dim() != 3 or t.shape[0] != self.batch or t.shape[2] != width:
                 got = shape_str(t) if isinstance(t, Tensor) else type(t).__name__
                 raise ValueError(f"{name} must be (B={self.batch}, T_new, {width}), got {got}")
-        if c_kv.shape[1] != k_rope.shape[1] or c_kv.shape[1] < 1:
-            raise ValueError(f"c_kv and k_rope must hold the same T_new >= 1 tokens, got {shape_str(c_kv)} and "
+        if c_kv.shape[1] != k_rope.shape[1]:
+            raise ValueError(f"c_kv and k_rope must hold the same T_new tokens, got {shape_str(c_kv)} and "
                              f"{shape_str(k_rope)}")
-        start, end = self._len, self._len + c_kv.shape[1]
-        if end > self.max_len:
-            raise ValueError(f"MLA cache overflow: {self._len} + {c_kv.shape[1]} tokens > max_len = {self.max_len}")
+        start, end = self._reserve(c_kv.shape[1])
         self.c_kv[:, start:end] = c_kv
         self.k_rope[:, start:end] = k_rope
         self._len = end
         return self.c_kv[:, :end], self.k_rope[:, :end]
-
-    def reset(self) -> None:
-        """Forget every stored token (the buffers stay allocated)."""
-        self._len = 0
-
-    def crop(self, length: int) -> None:
-        """Keep only the first ``length`` tokens (e.g. to decode the same step again)."""
-        length = check_int("crop length", length, low=0, high=self._len)
-        self._len = length
 
 
 class MultiHeadLatentAttention(nn.Module):

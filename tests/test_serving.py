@@ -54,15 +54,19 @@ def test_sink_cache_slots_and_bad_input():
     assert [cache.slot(p) for p in range(8)] == [0, 1, 2, 3, 4, 2, 3, 4]
     with pytest.raises(ValueError, match=r"feed at most n_sink \+ window - len = 5 tokens at once"):
         cache.update(torch.zeros(1, 2, 6, 4), torch.zeros(1, 2, 6, 4))
-    with pytest.raises(ValueError, match=r"k must have shape \(B=1, n_kv_heads=2, T_new >= 1, head_dim=4\)"):
+    with pytest.raises(ValueError, match=r"k must have shape \(B=1, n_kv_heads=2, T_new, head_dim=4\)"):
         cache.update(torch.zeros(1, 3, 1, 4), torch.zeros(1, 3, 1, 4))
     with pytest.raises(ValueError, match="n_sink must be a non-negative int"):
         SinkKVCache(1, 1, 4, window=3, n_sink=-1)
     with pytest.raises(ValueError, match="window must be a positive int"):
         RollingKVCache(1, 1, 4, window=0)
     cache.update(torch.zeros(1, 2, 1, 4), torch.zeros(1, 2, 1, 4))
+    with pytest.raises(ValueError, match="cannot crop"):
+        cache.crop(0)                                   # evicted tokens cannot come back
     cache.reset()
-    assert len(cache) == 0 and cache.n_kept == 0
+    assert len(cache) == 0 and cache.n_kept == 0 and (cache.slot_positions == -1).all()
+    with pytest.raises(ValueError, match="at least one new token"):
+        cache.update(torch.zeros(1, 2, 0, 4), torch.zeros(1, 2, 0, 4))
 
 
 # ---------------------------------------------------------------- masks for packed sequences

@@ -52,7 +52,7 @@ def policy_cache(policy: str, *, window: int, n_sink: int, max_len: int, n_kv_he
 
 def _held_bytes(cache) -> int:
     """Bytes a cache holds for its tokens: filled slots for a growing cache, all slots for a fixed one."""
-    return cache.used_bytes if isinstance(cache, KVCache) else cache.nbytes
+    return cache.nbytes if isinstance(cache, SinkKVCache) else cache.used_bytes   # a SinkKVCache is allocated whole
 
 
 def draw_policy(policy: str, T: int, *, window: int, n_sink: int, step: int | None = None,
