@@ -10,5 +10,8 @@ settings.register_profile("dev", max_examples=60, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
-torch.set_num_threads(min(2, torch.get_num_threads()))
+# Tests run in parallel (pytest-xdist, one worker per core): each worker gets its share of the cores,
+# so that two workers' matmuls do not fight over the same ones.
+_workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+torch.set_num_threads(max(1, min(2, (os.cpu_count() or 1) // _workers)))
 
