@@ -4,16 +4,13 @@ The full loop (nbgrader's generate_assignment, autograde and generate_feedback o
 and planted-mistake submissions of every notebook) runs in CI as its own step, `.ci/autograde.py`.
 """
 
-from pathlib import Path
 
 import nbformat
 import pytest
+from helpers import NOTEBOOKS
 
 from selfattn_lite import assignments
 from selfattn_lite.exercises import ExerciseError, graded, nb01
-
-ROOT = Path(__file__).resolve().parent.parent
-NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 
 
 def _tags(cell):

@@ -3,15 +3,12 @@
 import subprocess
 import sys
 import types
-from pathlib import Path
 
 import nbformat
 import pytest
+from helpers import NOTEBOOKS, ROOT
 
 from selfattn_lite import badges
-
-ROOT = Path(__file__).resolve().parent.parent
-NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 
 
 def _notebook():

@@ -27,8 +27,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from helpers import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "10_attention_in_the_wild.ipynb"
 BROWSER_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 MACOS_APPS = ("/Applications/Google Chrome.app/Contents/MacOS/Google Chrome",

@@ -11,13 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import ROOT
 from hypothesis import given
 from hypothesis import strategies as st
 
 from selfattn_lite import distributed as D
-
-ROOT = Path(__file__).resolve().parent.parent
-
 
 # ----------------------------------------------------------------------------- sharding (one process)
 

@@ -1,16 +1,15 @@
 """The setup files agree with each other and with the README."""
 
 import re
-from pathlib import Path
 
 import pytest
+from helpers import ROOT
 
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
     tomllib = pytest.importorskip("tomli")
 
-ROOT = Path(__file__).resolve().parent.parent
 CONDA_TO_PIP = {"pytorch": "torch"}
 NOT_PACKAGES = {"python", "pip"}
 

@@ -5,18 +5,13 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import expect_error
 
-from selfattn_lite.exercises import ExerciseError, nb08, nb09
+from selfattn_lite.exercises import nb08, nb09
 
 
 def stub(*args, **kwargs):
     raise NotImplementedError
-
-
-def expect_error(check, fn, fragment):
-    with pytest.raises(ExerciseError) as info:
-        check(fn)
-    assert fragment in str(info.value), str(info.value)
 
 
 # ----------------------------------------------------------------------------- nb08: merge_stats

@@ -2,18 +2,13 @@
 
 import pytest
 import torch
+from helpers import expect_error
 
 from selfattn_lite.exercises import ExerciseError, nb14
 
 
 def stub(*args, **kwargs):
     raise NotImplementedError
-
-
-def expect_error(check, fn, fragment):
-    with pytest.raises(ExerciseError) as info:
-        check(fn)
-    assert fragment in str(info.value), str(info.value)
 
 
 # ----------------------------------------------------------------------------- merge_partials

@@ -4,16 +4,14 @@ import json
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
+from helpers import ROOT
 
 from selfattn_lite import bench, gpu_report
 from selfattn_lite.gpu_report import Section
 from selfattn_lite.gpu_sections import row_dicts
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def last_code_cell(number: str) -> str:

@@ -10,13 +10,10 @@ unless each is a bound or one of the few constants the course derives exactly (A
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import nbformat
 import pytest
-
-ROOT = Path(__file__).resolve().parent.parent
-NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+from helpers import NOTEBOOKS
 
 # Exact constants, each derived in the prose or a cell from a formula or a published spec, never timed.
 ALLOWED = {

@@ -5,12 +5,11 @@ the syllabus, the opening cell, a static figure next to every widget, the closin
 """
 
 import re
-from pathlib import Path
 
 import nbformat
 import pytest
+from helpers import NOTEBOOKS, ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 SYLLABUS = [
     "01_scaled_dot_product_attention", "02_worked_numeric_example", "03_masks_and_cross_attention",
     "04_multi_head_attention", "05_positional_information", "06_kv_cache", "07_mqa_and_gqa",
@@ -20,7 +19,6 @@ SYLLABUS = [
     "14_attention_across_devices", "15_flashattention_in_triton",
 ]
 WIDGET = "application/vnd.jupyter.widget-view+json"
-NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 
 
 def load(path):

@@ -18,11 +18,10 @@ from pathlib import Path
 import nbformat
 import pytest
 import torch
+from helpers import NOTEBOOKS
 
 from selfattn_lite import badges, explorer_data, site
 
-ROOT = Path(__file__).resolve().parent.parent
-NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 CHROMIUM = "/usr/bin/chromium"
 PAGE_S = 60
 

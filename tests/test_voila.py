@@ -14,11 +14,10 @@ import subprocess
 import sys
 import time
 import urllib.request
-from pathlib import Path
 
 import pytest
+from helpers import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "apps" / "explorer.ipynb"
 CHROMIUM = "/usr/bin/chromium"
 START_S = 120        # Voila up, the notebook executed (the model loads) and the page shown
