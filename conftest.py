@@ -28,26 +28,7 @@ def pytest_terminal_summary(terminalreporter):
 TRITON_NOTEBOOK = "15_flashattention_in_triton.ipynb"
 
 
-# ---- pytest-xdist (-n auto --dist loadgroup): what must run in one worker, in order ----
-# A notebook's cells share one kernel, so nbval's items of one notebook form one group. So do the
-# tests of a module whose module-scoped fixture is expensive (a site build, a server, a model).
-SHARED_FIXTURE_MODULES = ("test_site.py", "test_browser.py", "test_voila.py", "test_gpu_report.py",
-                          "test_distributed.py", "test_explore.py")
-
-
-def _xdist_group(nodeid: str) -> str | None:
-    path = nodeid.split("::")[0]
-    if path.endswith(".ipynb") or path.endswith(SHARED_FIXTURE_MODULES):
-        return path
-    return None
-
-
-@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    for item in items:
-        group = _xdist_group(item.nodeid)
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
     if importlib.util.find_spec("triton") is not None or os.environ.get("CI"):
         return  # CI installs Triton: there a missing Triton must fail, not skip
     skip = pytest.mark.skip(reason=f"{TRITON_NOTEBOOK}'s committed outputs come from a run with Triton, which is not "
