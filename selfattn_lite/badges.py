@@ -6,8 +6,9 @@ puts, idempotently, into each ``NN_*.ipynb``:
 
 * a line of badges right under the title of the first markdown cell (which keeps starting
   with ``# NN · Title``): "launch on Binder" and "open in Colab", both for that notebook;
-* a second cell, a code cell tagged ``colab-setup``, that installs the course package when
-  the notebook runs in Google Colab and does nothing (no output) anywhere else.
+* a second cell, a code cell tagged ``colab-setup``, that sets ``OMP_WAIT_POLICY=PASSIVE`` before
+  torch is imported (whatever started the kernel: make, conda, Binder, Colab) and installs the
+  course package when the notebook runs in Google Colab; it prints nothing.
 
 Running it twice changes nothing the second time. The repository the badges point at is
 ``REPO``, defined here only.
@@ -35,13 +36,18 @@ SETUP_TAG = "colab-setup"
 
 COLAB_DIR = "/content/selfattn-course"
 
-# The first code cell. Colab opens one notebook alone: fetch the repository (the package, and the
-# figures/ the notebooks read next to notebooks/), install the package, and work from notebooks/ as
-# in the repository. Elsewhere (make lab, Binder, a laptop) the condition is False: nothing runs.
-COLAB_SETUP = f'''import sys
+# The first code cell. Everywhere: idle OpenMP threads sleep instead of spinning, so that the CPU
+# timings do not depend on how the kernel was started (`make lab` exports the same; a kernel from
+# conda, Binder or Colab would not have it). OpenMP reads the variable once, when torch loads it:
+# this cell runs before any import of torch. Colab opens one notebook alone: fetch the repository
+# (the package, and the figures/ the notebooks read next to notebooks/), install the package, and
+# work from notebooks/ as in the repository. Elsewhere that branch does not run.
+COLAB_SETUP = f'''import os
+import sys
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")   # before torch loads OpenMP: idle threads sleep, fair timings
 
 if "google.colab" in sys.modules:   # only in Google Colab: fetch the course and install its package
-    import os
     import subprocess
 
     if not os.path.isdir("{COLAB_DIR}"):

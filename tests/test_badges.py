@@ -90,6 +90,23 @@ def test_setup_cell_does_nothing_elsewhere(monkeypatch, capsys):
     assert capsys.readouterr() == ("", "")
 
 
+def test_setup_cell_lets_idle_threads_sleep_unless_told_otherwise(monkeypatch):
+    import os
+
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    _run_setup_cell(monkeypatch, in_colab=False)
+    assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")                  # a learner's own choice stays
+    _run_setup_cell(monkeypatch, in_colab=False)
+    assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE"
+
+
+def test_setup_cell_runs_before_any_import_of_torch():
+    for path in NOTEBOOKS:
+        cells = [c for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
+        assert badges.SETUP_TAG in cells[0].metadata.get("tags", []), f"{path.name}: the setup cell is not first"
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_every_notebook_has_its_badges(path):
     """Fails until `make badges` has been run on the notebooks and they are re-executed."""
