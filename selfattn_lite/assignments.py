@@ -23,6 +23,7 @@ with the checker call unchanged.
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import shutil
@@ -211,7 +212,15 @@ def generate(src: str | Path = "notebooks", course: str | Path = "assignments") 
     return released
 
 
-if __name__ == "__main__":
-    src, course = (sys.argv[1:3] + ["notebooks", "assignments"][len(sys.argv[1:3]):])
-    for path in generate(src, course):
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m selfattn_lite.assignments", description=__doc__.split("\n\n")[0])
+    parser.add_argument("src", nargs="?", default="notebooks", help="folder of NN_*.ipynb (default: notebooks)")
+    parser.add_argument("course", nargs="?", default="assignments",
+                        help="the nbgrader course folder to write (default: assignments)")
+    args = parser.parse_args(argv)
+    for path in generate(args.src, args.course):
         print(path)
+
+
+if __name__ == "__main__":
+    main()

@@ -16,8 +16,8 @@ Running it twice changes nothing the second time. The repository the badges poin
 
 from __future__ import annotations
 
+import argparse
 import re
-import sys
 from pathlib import Path
 
 import nbformat
@@ -133,6 +133,13 @@ def as_text_links(markdown: str) -> str:
     return BADGE_RE.sub(lambda m: f"[{m.group(1)}]({m.group(2)})", markdown.replace(BADGE_MARK, ""))
 
 
-if __name__ == "__main__":
-    for path in apply(sys.argv[1] if len(sys.argv) > 1 else "notebooks"):
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m selfattn_lite.badges", description=__doc__.split("\n\n")[0])
+    parser.add_argument("folder", nargs="?", default="notebooks",
+                        help="folder of NN_*.ipynb to edit in place (default: notebooks)")
+    for path in apply(parser.parse_args(argv).folder):
         print(f"badges added: {path}")
+
+
+if __name__ == "__main__":
+    main()

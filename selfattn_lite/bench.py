@@ -15,9 +15,10 @@ so one bound serves float32 on a CPU and bfloat16 on a GPU.
 
 Timing (``time_stats``): the first call is timed on its own (it pays for allocation,
 autotuning, lazy initialisation), then a few warm-up calls, then ``repeat`` samples of
-``number`` back-to-back calls each; on CUDA one pair of CUDA events brackets each sample,
-so launch gaps between calls overlap with the GPU's work as they do in a real program.
-A row reports the median over samples, the minimum, and the spread (max - min).
+``number`` back-to-back calls each, read with ``torch.utils.benchmark``'s clock: on a GPU it
+synchronizes the device before reading the time, once at each end of a sample (never between
+calls), so queued kernels are counted and launch gaps overlap with the GPU's work as they do
+in a real program. A row reports the median over samples, the minimum, and the spread (max - min).
 The device is inferred from the tensors a call returns.
 
 FLOPs (``attention_flops``) count the multiply-adds a kernel actually performs, one multiply-add
@@ -31,12 +32,14 @@ from __future__ import annotations
 
 import math
 import statistics
-import time
+import timeit
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from ._checks import check_int, check_positive_int
 
 __all__ = [
     "BenchRow",
@@ -358,11 +361,21 @@ class Timing:
         return max(self.samples) - min(self.samples)
 
 
-def _sync(device: torch.device | None) -> None:
-    if device is not None and device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elif device is None and torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.synchronize()         # unknown device, CUDA in use: never time an unfinished queue
+def _clock(device: torch.device | None) -> Callable[[], float]:
+    """The clock a timing reads: ``torch.utils.benchmark.timer`` for work on an accelerator (it
+    synchronizes the current device, one per process in this course, then reads the time), the
+    plain ``timeit`` clock for CPU work (as torch's docs advise: nothing to wait for).
+    Device unknown: synchronize a GPU only if one is in use."""
+    if device is None:
+        on_accelerator = torch.cuda.is_available() and torch.cuda.is_initialized()
+    else:
+        on_accelerator = device.type not in ("cpu", "meta")
+    if not on_accelerator:
+        return timeit.default_timer
+    # imported here, not at the top: it imports setuptools (a quarter of a second)
+    from torch.utils import benchmark
+
+    return benchmark.timer
 
 
 def time_stats(fn: Callable[[], object], *, device: torch.device | str | None = None, warmup: int = 2,
@@ -376,58 +389,42 @@ def time_stats(fn: Callable[[], object], *, device: torch.device | str | None = 
         warmup: calls after the first, untimed.
         repeat: samples (default 5).
         number: calls per sample; default as many as fit ``budget_s / repeat`` (1 to 1000).
+            ``fn`` runs exactly 1 + warmup + repeat * number times (ranks that communicate in
+            ``fn`` rely on it).
         budget_s: time to spend on the samples.
 
     Returns:
-        ``Timing``: per-call seconds of each sample (on CUDA: CUDA events around the ``number``
-        calls, one synchronize per sample), the first call's seconds, the number per sample.
+        ``Timing``: per-call seconds of each sample (on a GPU: one synchronize at each end of a
+        sample), the first call's seconds, the number per sample.
     """
+    warmup = check_int("warmup", warmup)
+    repeat = 5 if repeat is None else check_positive_int("repeat", repeat)
     device = torch.device(device) if device is not None else None
-    _sync(device)
-    start = time.perf_counter()
+    # The first call, on its own: benchmark.Timer always warms up before it measures, so it
+    # cannot time a cold call. Two clock reads (synchronizing where the work runs) around it.
+    start = _clock(device)()
     out = fn()
     if device is None:
         device = infer_device(out)
-    _sync(device)
-    first = time.perf_counter() - start
+    clock = _clock(device)
+    first = clock() - start
     del out
-    start = time.perf_counter()
-    for _ in range(warmup):
-        fn()
-    _sync(device)
-    once = max((time.perf_counter() - start) / warmup if warmup else first, 1e-7)
-    repeat = 5 if repeat is None else repeat
+    # The samples: what benchmark.Timer runs inside (timeit.Timer with torch's clock; garbage
+    # collection paused while timing), called directly because Timer.timeit adds max(number // 100, 2)
+    # warm-up calls before every sample (number=1 would make three calls a sample; ranks running
+    # collective ops need exact counts) and sets torch's thread count to its own (default 1).
+    timer = timeit.Timer(fn, timer=clock)
+    once = max(timer.timeit(warmup) / warmup if warmup else first, 1e-7)
     if number is None:
         number = int(min(1000, max(1, budget_s / repeat / once)))
-    samples = []
-    cuda = device is not None and device.type == "cuda"
-    for _ in range(repeat):
-        if cuda:
-            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            begin.record()
-            for _ in range(number):
-                fn()
-            end.record()
-            torch.cuda.synchronize(device)
-            samples.append(begin.elapsed_time(end) / 1e3 / number)
-        else:
-            _sync(device)
-            start = time.perf_counter()
-            for _ in range(number):
-                fn()
-            _sync(device)
-            samples.append((time.perf_counter() - start) / number)
+    number = check_positive_int("number", number)
+    samples = [total / number for total in timer.repeat(repeat, number)]
     return Timing(samples=samples, number=number, first=first, device=str(device) if device else "cpu")
 
 
 def time_fn(fn: Callable[[], object], *, device: torch.device | str | None = None,
             warmup: int = 2, repeat: int | None = None, budget_s: float = 0.5, number: int | None = None) -> float:
-    """Median seconds per call of ``fn()`` (see ``time_stats`` for the method and arguments).
-
-    ``torch.utils.benchmark.Timer`` measures the same way on a CPU (N calls between two clock
-    reads) but warms up again before every sample and runs on one thread unless told otherwise;
-    the loop here keeps the thread count the notebook set.
-    """
+    """Median seconds per call of ``fn()`` (see ``time_stats`` for the method and arguments)."""
     return time_stats(fn, device=device, warmup=warmup, repeat=repeat, number=number, budget_s=budget_s).median
 
 

@@ -972,9 +972,19 @@ def _self_check(world_size: int) -> None:
               f"L = {L}, causal and not: equal to single-process SDPA")
 
 
-if __name__ == "__main__":
-    import sys
+def main(argv=None) -> None:
+    import argparse
 
     from selfattn_lite.distributed import _self_check as check  # the importable module, not __main__
 
-    check(int(os.environ.get("WORLD_SIZE", sys.argv[1] if len(sys.argv) > 1 else 2)))
+    parser = argparse.ArgumentParser(prog="python -m selfattn_lite.distributed",
+                                     description="Self-check: ring attention (contiguous and zigzag) and Ulysses on "
+                                                 "world_size processes, equal to single-process SDPA.")
+    parser.add_argument("world_size", nargs="?", type=int, default=2,
+                        help="processes to launch (default: 2; under torchrun its WORLD_SIZE wins)")
+    args = parser.parse_args(argv)
+    check(int(os.environ.get("WORLD_SIZE", args.world_size)))
+
+
+if __name__ == "__main__":
+    main()

@@ -19,8 +19,10 @@ fixed-size state, and ``peak_memory`` (how the notebook measures memory on CPU a
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import tempfile
 from collections.abc import Callable
 from contextlib import contextmanager
 
@@ -558,12 +560,18 @@ def _cpu_peak_bytes(fn: Callable[[], object]) -> tuple[int, object]:
 
     with _quiet_stderr(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         result = fn()
-    # Every allocation (+bytes) and free (-bytes) the CPU allocator made, in time order.
-    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
-    events.sort(key=lambda e: e.start_ns())
+    # The trace (Chrome trace format) logs every allocation (+bytes) and free (-bytes) the CPU
+    # allocator made as a "[memory]" event. prof.events() only keeps each op's net change, which
+    # hides the scratch buffers an op frees before it returns; the trace keeps every one.
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "trace.json")
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            events = [e for e in json.load(f)["traceEvents"] if e.get("name") == "[memory]"]
+    events.sort(key=lambda e: float(e["ts"]))
     live = peak = 0
     for e in events:
-        live += e.nbytes()
+        live += e["args"]["Bytes"]
         peak = max(peak, live)
     return peak, result
 
@@ -574,7 +582,7 @@ def peak_memory(fn: Callable[[], object], device: torch.device | str = "cpu") ->
     CUDA: ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats`` (the caching
     allocator's own count). CPU: torch's profiler with ``profile_memory=True`` logs every
     allocation and free of the CPU allocator, including the scratch buffers inside fused
-    kernels; we replay them in time order and keep the highest running total. The result
+    kernels, in the trace it exports; we replay them in time order and keep the highest running total. The result
     (typically the output) is kept alive until the measurement ends, so it counts.
     Tensors created before the call (the inputs) do not count.
     """

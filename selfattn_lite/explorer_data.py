@@ -16,9 +16,9 @@ causal decoder only the lower triangle is stored (row i keeps keys 0..i; the res
 
 from __future__ import annotations
 
+import argparse
 import base64
 import json
-import sys
 from pathlib import Path
 
 import torch
@@ -101,6 +101,14 @@ def write(folder: str | Path, data: dict | None = None) -> list[Path]:
     return [folder / "explorer_data.json", folder / "explorer_data.js"]
 
 
-if __name__ == "__main__":
-    for path in write(sys.argv[1] if len(sys.argv) > 1 else "."):
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m selfattn_lite.explorer_data",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("folder", nargs="?", default=".",
+                        help="where to write explorer_data.json and .js (default: the current folder)")
+    for path in write(parser.parse_args(argv).folder):
         print(f"{path} ({path.stat().st_size // 1024} KiB)")
+
+
+if __name__ == "__main__":
+    main()

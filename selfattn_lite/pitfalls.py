@@ -1,16 +1,22 @@
 """Classic attention bugs, each as broken code, its measured symptom, and the fix (notebook 09).
 
-Every pitfall has a ``broken_*`` and a ``fixed_*`` function (a few lines each, the way the bug
-is usually written) and a ``demo_*`` function that runs both on small seeded inputs and
-returns a ``Demo``: what was measured, whether the symptom showed up with the broken code,
-and whether the fix removed it. ``PITFALLS`` maps each name to its demo; ``run_all()`` runs
-them all (tests/test_pitfalls.py does, and so does the last cell of notebook 09).
+Each pitfall is the broken code the way it is usually written (``broken_*``, a few lines), the
+fix (``fixed_*``), and a demo that runs both on small seeded inputs and returns a ``Demo``: what
+was measured, whether the symptom showed up with the broken code, and whether the fix removed it.
+
+A demo is registered once, by the ``@pitfall(name, title, notebook, symptom)`` line above it:
+``PITFALLS`` maps each name to its ``Pitfall`` entry (its description, demo, and for four of
+them the attention weights to draw, ``weights``). ``run_all()`` runs every demo
+(tests/test_pitfalls.py does, and so does notebook 09); ``pitfall_weights`` gives the pictured
+weights, which ``viz.PitfallWidget`` draws.
 """
 
 from __future__ import annotations
 
+import functools
 import math
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -18,16 +24,21 @@ from torch import Tensor, nn
 
 from .attention import scaled_dot_product_attention
 from .masks import causal_mask
-from .viz.core import HeatmapWidget, attention_heatmap
 
 __all__ = [
     "Demo",
+    "Pitfall",
     "PITFALLS",
+    "pitfall",
     "run_all",
+    "HEATMAP_PITFALLS",
+    "pitfall_weights",
+    # the correct attention, the fix of pitfalls 1 and 2
+    "fixed_attention",
     # 1. missing sqrt(dk)
-    "broken_no_scale", "fixed_scaled", "demo_missing_scale",
+    "broken_no_scale", "demo_missing_scale",
     # 2. softmax over the wrong dim
-    "broken_softmax_dim", "fixed_softmax_dim", "demo_softmax_dim",
+    "broken_softmax_dim", "demo_softmax_dim",
     # 3. mask polarity
     "demo_mask_polarity",
     # 4. fully masked row
@@ -52,26 +63,86 @@ __all__ = [
     "BrokenMaskedAttention", "FixedMaskedAttention", "demo_mask_device",
     # 14. weights are not explanations
     "demo_weights_not_explanations",
-    # pictures
-    "HEATMAP_PITFALLS", "pitfall_weights", "PitfallWidget",
 ]
 
 
 @dataclass
 class Demo:
-    """One pitfall, run: the measurements, and whether the symptom and the fix were observed."""
+    """One pitfall, run: the measurements, and whether the symptom and the fix were observed.
 
-    name: str
-    title: str
-    notebook: str                      # the notebook that teaches the right way
-    symptom: str                       # what goes wrong, in words
-    measured: dict = field(default_factory=dict)
-    symptom_seen: bool = False         # the broken code shows the symptom
-    fix_works: bool = False            # the fixed code does not, and matches the reference
+    A demo function returns the first three fields; its ``@pitfall`` line fills in the rest.
+    """
+
+    measured: dict
+    symptom_seen: bool                 # the broken code shows the symptom
+    fix_works: bool                    # the fixed code does not, and matches the reference
+    name: str = ""
+    title: str = ""
+    notebook: str = ""                 # the notebook that teaches the right way
+    symptom: str = ""                  # what goes wrong, in words
 
     @property
     def ok(self) -> bool:
         return self.symptom_seen and self.fix_works
+
+
+Weights = tuple[Tensor, Tensor | None]     # (L, S) attention weights, and the mask (True = masked) if any
+Code = Callable | tuple[Callable, ...]      # the broken or the fixed code of a pitfall: functions, classes
+
+
+@dataclass(frozen=True)
+class Pitfall:
+    """One registered pitfall: what goes wrong, its demo, its code, and (for some) the weights to draw.
+
+    ``broken`` / ``fixed``: the functions or classes with the bug and with its fix (empty where the
+    demo writes both inline, a line or two each).
+    ``weights(fixed)``: the (L, S) weights with the broken (False) or fixed (True) code, and the
+    mask (True = masked) if any; ``picture`` is the title they are drawn under.
+    """
+
+    name: str
+    title: str
+    notebook: str
+    symptom: str
+    demo: Callable[[], Demo]
+    broken: tuple[Callable, ...] = ()
+    fixed: tuple[Callable, ...] = ()
+    picture: str | None = None
+    weights: Callable[[bool], Weights] | None = None
+
+
+PITFALLS: dict[str, Pitfall] = {}
+
+
+def pitfall(name: str, title: str, notebook: str, symptom: str, *, broken: Code = (), fixed: Code = (),
+            picture: str | None = None, weights: Callable[[bool], Weights] | None = None):
+    """Register the decorated demo as pitfall ``name``; the demo then returns a complete ``Demo``.
+
+    ``broken`` and ``fixed``: the function(s) or class(es) holding the bug and its fix, where they
+    are separate from the demo; ``picture`` and ``weights``: see ``Pitfall``.
+    """
+    if name in PITFALLS:
+        raise ValueError(f"pitfall {name!r} is already registered")
+
+    def register(measure: Callable[..., Demo]) -> Callable[..., Demo]:
+        @functools.wraps(measure)
+        def demo(*args, **kwargs) -> Demo:
+            return replace(measure(*args, **kwargs), name=name, title=title, notebook=notebook, symptom=symptom)
+
+        PITFALLS[name] = Pitfall(name, title, notebook, symptom, demo, _as_tuple(broken), _as_tuple(fixed),
+                                 picture, weights)
+        return demo
+
+    return register
+
+
+def _as_tuple(code: Code) -> tuple[Callable, ...]:
+    return code if isinstance(code, tuple) else (code,)
+
+
+def run_all() -> list[Demo]:
+    """Run every demonstration, in the order they are registered (numbered) here."""
+    return [p.demo() for p in PITFALLS.values()]
 
 
 def _gen(seed: int) -> torch.Generator:
@@ -80,6 +151,21 @@ def _gen(seed: int) -> torch.Generator:
 
 def _close(a: Tensor, b: Tensor, atol: float = 1e-5, rtol: float = 1e-4) -> bool:
     return a.shape == b.shape and bool(torch.allclose(a.float(), b.float(), atol=atol, rtol=rtol))
+
+
+def _picture_qk(L: int, S: int, d: int) -> tuple[Tensor, Tensor]:
+    """The seeded (L, d) queries and (S, d) keys the pictures use."""
+    g = _gen(90)
+    return torch.randn(L, d, generator=g), torch.randn(S, d, generator=g)
+
+
+def fixed_attention(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    """softmax(Q K^T / sqrt(dk)) V, the softmax over the keys: the fix of pitfalls 1 and 2.
+
+    q (..., L, dk), k (..., S, dk), v (..., S, dv) -> output (..., L, dv) and weights (..., L, S).
+    """
+    weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1)
+    return weights @ v, weights
 
 
 # ---------------------------------------------------------------------------------------------
@@ -92,24 +178,25 @@ def broken_no_scale(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
     return weights @ v, weights
 
 
-def fixed_scaled(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-    """softmax(Q K^T / sqrt(dk)) V."""
-    weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1)
-    return weights @ v, weights
+def _missing_scale_weights(fixed: bool) -> Weights:
+    q, k = _picture_qk(6, 6, 256)
+    return (fixed_attention if fixed else broken_no_scale)(q, k, k)[1], None
 
 
+@pitfall("missing_scale", "Missing 1/sqrt(dk)", "01_scaled_dot_product_attention",
+         "weights saturate to one-hot (and their gradient vanishes) as dk grows",
+         broken=broken_no_scale, fixed=fixed_attention,
+         picture="1 · missing 1/sqrt(dk) (dk = 256)", weights=_missing_scale_weights)
 def demo_missing_scale(dk: int = 512) -> Demo:
     """With dk = 512 unscaled scores have std ~ 22: softmax is nearly one-hot."""
     g = _gen(1)
     q, k = torch.randn(64, 1, dk, generator=g), torch.randn(64, 16, dk, generator=g)   # 64 queries, 16 keys each
     v = torch.randn(64, 16, 8, generator=g)
     _, w_broken = broken_no_scale(q, k, v)
-    out_fixed, w_fixed = fixed_scaled(q, k, v)
+    out_fixed, w_fixed = fixed_attention(q, k, v)
     broken_max = w_broken.max(-1).values.mean().item()
     fixed_max = w_fixed.max(-1).values.mean().item()
-    return Demo("missing_scale", "Missing 1/sqrt(dk)", "01_scaled_dot_product_attention",
-                "weights saturate to one-hot (and their gradient vanishes) as dk grows",
-                dict(mean_max_weight_broken=broken_max, mean_max_weight_fixed=fixed_max),
+    return Demo(dict(mean_max_weight_broken=broken_max, mean_max_weight_fixed=fixed_max),
                 symptom_seen=broken_max > 0.9,
                 fix_works=fixed_max < 0.6 and _close(out_fixed, F.scaled_dot_product_attention(q, k, v)))
 
@@ -124,21 +211,22 @@ def broken_softmax_dim(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]
     return weights @ v, weights
 
 
-def fixed_softmax_dim(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-    """Softmax over dim=-1, the keys: each query's weights sum to 1."""
-    weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1)
-    return weights @ v, weights
+def _softmax_dim_weights(fixed: bool) -> Weights:
+    q, k = _picture_qk(6, 6, 8)
+    return (fixed_attention if fixed else broken_softmax_dim)(q, k, k)[1], None
 
 
+@pitfall("softmax_dim", "Softmax over the wrong dimension", "01_scaled_dot_product_attention",
+         "rows do not sum to 1 (columns do): outputs are not averages of values",
+         broken=broken_softmax_dim, fixed=fixed_attention,
+         picture="2 · softmax over the queries", weights=_softmax_dim_weights)
 def demo_softmax_dim() -> Demo:
     g = _gen(2)
     q, k, v = (torch.randn(2, 5, 8, generator=g) for _ in range(3))
     _, w_broken = broken_softmax_dim(q, k, v)
-    out_fixed, w_fixed = fixed_softmax_dim(q, k, v)
+    out_fixed, w_fixed = fixed_attention(q, k, v)   # softmax over dim=-1, the keys
     row_sums = w_broken.sum(-1)
-    return Demo("softmax_dim", "Softmax over the wrong dimension", "01_scaled_dot_product_attention",
-                "rows do not sum to 1 (columns do): outputs are not averages of values",
-                dict(row_sums_broken=row_sums[0].tolist(), row_sums_fixed=w_fixed.sum(-1)[0].tolist()),
+    return Demo(dict(row_sums_broken=row_sums[0].tolist(), row_sums_fixed=w_fixed.sum(-1)[0].tolist()),
                 symptom_seen=not _close(row_sums, torch.ones_like(row_sums)),
                 fix_works=_close(w_fixed.sum(-1), torch.ones(2, 5))
                 and _close(out_fixed, F.scaled_dot_product_attention(q, k, v)))
@@ -148,6 +236,16 @@ def demo_softmax_dim() -> Demo:
 # 3. Mask polarity: SDPA True = may attend, nn.MultiheadAttention True = ignore
 # ---------------------------------------------------------------------------------------------
 
+def _mask_polarity_weights(fixed: bool) -> Weights:
+    q, k = _picture_qk(6, 6, 8)
+    mha_style = torch.ones(6, 6, dtype=torch.bool).triu(1)          # True = forbidden
+    allowed = ~mha_style if fixed else mha_style                    # what SDPA reads as "may attend"
+    return scaled_dot_product_attention(q, k, k, attn_mask=allowed)[1], ~allowed
+
+
+@pitfall("mask_polarity", "Mask polarity (SDPA vs nn.MultiheadAttention)", "03_masks_and_cross_attention",
+         "token 0 sees the future: its output moves when only the last token changes",
+         picture="3 · True = forbidden mask given to SDPA", weights=_mask_polarity_weights)
 def demo_mask_polarity() -> Demo:
     """A causal mask written the nn.MultiheadAttention way (True = forbidden) given to SDPA."""
     g = _gen(3)
@@ -162,9 +260,7 @@ def demo_mask_polarity() -> Demo:
     v_changed[:, -1] += 10.0                                          # change the last token only
     broken = run(v_changed, mha_style) - run(v, mha_style)            # SDPA reads True = may attend
     fixed = run(v_changed, ~mha_style) - run(v, ~mha_style)
-    return Demo("mask_polarity", "Mask polarity (SDPA vs nn.MultiheadAttention)", "03_masks_and_cross_attention",
-                "token 0 sees the future: its output moves when only the last token changes",
-                dict(change_at_token0_broken=broken[0, 0].abs().max().item(),
+    return Demo(dict(change_at_token0_broken=broken[0, 0].abs().max().item(),
                      change_at_token0_fixed=fixed[0, 0].abs().max().item()),
                 symptom_seen=broken[0, 0].abs().max().item() > 1.0,
                 fix_works=fixed[0, :-1].abs().max().item() < 1e-6
@@ -186,6 +282,9 @@ def fixed_masked_softmax(scores: Tensor, mask: Tensor) -> Tensor:
     return weights.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
 
 
+@pitfall("fully_masked_row", "-inf on a fully masked row", "03_masks_and_cross_attention",
+         "softmax of a row of -inf is 0/0 = NaN, and one NaN turns the whole loss into NaN",
+         broken=broken_masked_softmax, fixed=fixed_masked_softmax)
 def demo_fully_masked_row() -> Demo:
     """A batch of two sequences; the second is all padding, so its query rows see no key."""
     g = _gen(4)
@@ -196,9 +295,7 @@ def demo_fully_masked_row() -> Demo:
     w_broken, w_fixed = broken_masked_softmax(scores, mask), fixed_masked_softmax(scores, mask)
     loss_broken, loss_fixed = (w_broken @ v).mean(), (w_fixed @ v).mean()     # one NaN poisons the mean
     reference, _ = scaled_dot_product_attention(q, k, v, attn_mask=mask)
-    return Demo("fully_masked_row", "-inf on a fully masked row", "03_masks_and_cross_attention",
-                "softmax of a row of -inf is 0/0 = NaN, and one NaN turns the whole loss into NaN",
-                dict(nan_weights_broken=int(w_broken.isnan().sum()), loss_broken=loss_broken.item(),
+    return Demo(dict(nan_weights_broken=int(w_broken.isnan().sum()), loss_broken=loss_broken.item(),
                      loss_fixed=loss_fixed.item()),
                 symptom_seen=bool(torch.isnan(loss_broken)),
                 fix_works=bool(torch.isfinite(loss_fixed)) and _close(w_fixed @ v, reference)
@@ -220,6 +317,9 @@ def fixed_fp16_scores(q: Tensor, k: Tensor) -> Tensor:
     return torch.softmax(scores, dim=-1).to(q.dtype)
 
 
+@pitfall("fp16_overflow", "float16 overflow of the scores", "01_scaled_dot_product_attention",
+         "q . k exceeds float16's largest value 65504: inf, then inf - inf = NaN in the softmax",
+         broken=broken_fp16_scores, fixed=fixed_fp16_scores)
 def demo_fp16_overflow() -> Demo:
     """Queries and keys sharing one large 'outlier' feature, as LLM activations often do."""
     g = _gen(5)
@@ -228,9 +328,7 @@ def demo_fp16_overflow() -> Demo:
     q, k = q.half(), k.half()
     w_broken, w_fixed = broken_fp16_scores(q, k), fixed_fp16_scores(q, k)
     _, reference = scaled_dot_product_attention(q, k, k)    # selfattn_lite computes half inputs in float32
-    return Demo("fp16_overflow", "float16 overflow of the scores", "01_scaled_dot_product_attention",
-                "q . k exceeds float16's largest value 65504: inf, then inf - inf = NaN in the softmax",
-                dict(float16_max=torch.finfo(torch.float16).max,
+    return Demo(dict(float16_max=torch.finfo(torch.float16).max,
                      largest_dot=(q.float() @ k.float().transpose(-2, -1)).max().item(),
                      nan_weights_broken=int(w_broken.isnan().sum())),
                 symptom_seen=bool(w_broken.isnan().any()),
@@ -259,6 +357,10 @@ def fixed_merge_heads(out: Tensor) -> Tensor:
     return out.transpose(1, 2).reshape(B, T, h * dk)
 
 
+@pitfall("view_after_transpose", ".view after .transpose", "04_multi_head_attention",
+         ".view raises on the transposed (non-contiguous) tensor; skipping the transpose runs "
+         "but puts other tokens' features into each row",
+         broken=(broken_merge_heads_view, broken_merge_heads_no_transpose), fixed=fixed_merge_heads)
 def demo_view_after_transpose() -> Demo:
     B, h, T, dk = 2, 4, 5, 3
     out = torch.arange(B * h * T * dk, dtype=torch.float32).reshape(B, h, T, dk)
@@ -270,10 +372,7 @@ def demo_view_after_transpose() -> Demo:
     merged_wrong, merged = broken_merge_heads_no_transpose(out), fixed_merge_heads(out)
     # row t of the merge must hold token t of every head: out[b, :, t, :]
     expected_token1 = torch.cat([out[0, head, 1] for head in range(h)])
-    return Demo("view_after_transpose", ".view after .transpose", "04_multi_head_attention",
-                ".view raises on the transposed (non-contiguous) tensor; skipping the transpose runs "
-                "but puts other tokens' features into each row",
-                dict(error=raised, token1_wrong=merged_wrong[0, 1, :6].tolist(),
+    return Demo(dict(error=raised, token1_wrong=merged_wrong[0, 1, :6].tolist(),
                      token1_right=merged[0, 1, :6].tolist()),
                 symptom_seen=bool(raised) and not torch.equal(merged_wrong[0, 1], expected_token1),
                 fix_works=torch.equal(merged[0, 1], expected_token1))
@@ -301,6 +400,9 @@ class FixedDropoutAttention(BrokenDropoutAttention):
         return F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0)
 
 
+@pitfall("dropout_in_eval", "SDPA dropout in eval mode", "04_multi_head_attention",
+         "in eval mode two identical calls give different outputs",
+         broken=BrokenDropoutAttention, fixed=FixedDropoutAttention)
 def demo_dropout_in_eval() -> Demo:
     g = _gen(7)
     q, k, v = (torch.randn(1, 6, 8, generator=g) for _ in range(3))
@@ -308,9 +410,7 @@ def demo_dropout_in_eval() -> Demo:
     torch.manual_seed(0)
     b1, b2 = broken(q, k, v), broken(q, k, v)
     f1, f2 = fixed(q, k, v), fixed(q, k, v)
-    return Demo("dropout_in_eval", "SDPA dropout in eval mode", "04_multi_head_attention",
-                "in eval mode two identical calls give different outputs",
-                dict(max_diff_between_calls_broken=(b1 - b2).abs().max().item(),
+    return Demo(dict(max_diff_between_calls_broken=(b1 - b2).abs().max().item(),
                      max_diff_between_calls_fixed=(f1 - f2).abs().max().item()),
                 symptom_seen=not torch.equal(b1, b2),
                 fix_works=torch.equal(f1, f2) and _close(f1, F.scaled_dot_product_attention(q, k, v)))
@@ -331,6 +431,16 @@ def fixed_decode_bottom_right(q_new: Tensor, k_all: Tensor, v_all: Tensor) -> Te
     return F.scaled_dot_product_attention(q_new, k_all, v_all, attn_mask=causal_mask(L, S, bottom_right=True))
 
 
+def _is_causal_with_cache_weights(fixed: bool) -> Weights:
+    q, k = _picture_qk(3, 8, 8)                                     # 3 new queries, 5 cached + 3 new keys
+    allowed = causal_mask(3, 8, bottom_right=fixed)
+    return scaled_dot_product_attention(q, k, k, attn_mask=allowed)[1], ~allowed
+
+
+@pitfall("is_causal_with_cache", "is_causal=True with a cache", "03_masks_and_cross_attention",
+         "the first new token sees only key 0 instead of the 8 keys up to its own position",
+         broken=broken_decode_is_causal, fixed=fixed_decode_bottom_right,
+         picture="8 · is_causal=True for 3 new tokens after 5 cached", weights=_is_causal_with_cache_weights)
 def demo_is_causal_with_cache() -> Demo:
     """7 tokens cached, 3 new ones: their outputs must equal the last 3 rows of full causal attention."""
     g = _gen(8)
@@ -338,9 +448,7 @@ def demo_is_causal_with_cache() -> Demo:
     full = F.scaled_dot_product_attention(q, k, v, is_causal=True)[..., -3:, :]   # reference
     broken = broken_decode_is_causal(q[..., -3:, :], k, v)
     fixed = fixed_decode_bottom_right(q[..., -3:, :], k, v)
-    return Demo("is_causal_with_cache", "is_causal=True with a cache", "03_masks_and_cross_attention",
-                "the first new token sees only key 0 instead of the 8 keys up to its own position",
-                dict(max_error_broken=(broken - full).abs().max().item(),
+    return Demo(dict(max_error_broken=(broken - full).abs().max().item(),
                      max_error_fixed=(fixed - full).abs().max().item(),
                      broken_first_row_is_v0=_close(broken[..., 0, :], v[..., 0, :])),
                 symptom_seen=_close(broken[..., 0, :], v[..., 0, :]) and not _close(broken, full),
@@ -351,6 +459,8 @@ def demo_is_causal_with_cache() -> Demo:
 # 9. RoPE without the position offset when decoding
 # ---------------------------------------------------------------------------------------------
 
+@pitfall("rope_offset", "RoPE without the position offset when decoding", "05_positional_information",
+         "the new token is rotated as if it were at position 0: its relative offsets to the cache are wrong")
 def demo_rope_offset() -> Demo:
     """Decode token 5 after 5 cached ones: rotate it by position 5, not 0."""
     from .positions import RotaryEmbedding
@@ -369,9 +479,7 @@ def demo_rope_offset() -> Demo:
         return F.scaled_dot_product_attention(q_new, k_all, v)      # one query sees every key
 
     broken, fixed = decode(0), decode(T - 1)                        # fixed: position = len(cache)
-    return Demo("rope_offset", "RoPE without the position offset when decoding", "05_positional_information",
-                "the new token is rotated as if it were at position 0: its relative offsets to the cache are wrong",
-                dict(max_error_broken=(broken - reference).abs().max().item(),
+    return Demo(dict(max_error_broken=(broken - reference).abs().max().item(),
                      max_error_fixed=(fixed - reference).abs().max().item()),
                 symptom_seen=not _close(broken, reference, atol=1e-3), fix_works=_close(fixed, reference))
 
@@ -380,6 +488,8 @@ def demo_rope_offset() -> Demo:
 # 10. Half-split RoPE weights loaded into interleaved code
 # ---------------------------------------------------------------------------------------------
 
+@pitfall("rope_pairing", "Half-split RoPE weights in interleaved code", "05_positional_information",
+         "no error, but every score changes: the rotation pairs dimensions the weights never paired")
 def demo_rope_pairing() -> Demo:
     """A q/k projection trained with half-split RoPE (Hugging Face layout) run by interleaved code."""
     from .positions import RotaryEmbedding, permute_qk_rows
@@ -399,9 +509,7 @@ def demo_rope_pairing() -> Demo:
     broken = scores(w_q, w_k, RotaryEmbedding(d, interleaved=True))        # same weights, other pairing
     fixed = scores(permute_qk_rows(w_q, h, to="interleaved"), permute_qk_rows(w_k, h, to="interleaved"),
                    RotaryEmbedding(d, interleaved=True))
-    return Demo("rope_pairing", "Half-split RoPE weights in interleaved code", "05_positional_information",
-                "no error, but every score changes: the rotation pairs dimensions the weights never paired",
-                dict(max_score_error_broken=(broken - reference).abs().max().item(),
+    return Demo(dict(max_score_error_broken=(broken - reference).abs().max().item(),
                      max_score_error_fixed=(fixed - reference).abs().max().item()),
                 symptom_seen=not _close(broken, reference, atol=1e-2), fix_works=_close(fixed, reference, atol=1e-4))
 
@@ -420,6 +528,9 @@ def fixed_expand_kv(k: Tensor, n_heads: int) -> Tensor:
     return k.repeat_interleave(n_heads // k.shape[1], dim=1)
 
 
+@pitfall("gqa_repeat", "repeat instead of repeat_interleave for GQA", "07_mqa_and_gqa",
+         "query heads read the wrong key/value head: same shapes, no error, wrong outputs",
+         broken=broken_expand_kv, fixed=fixed_expand_kv)
 def demo_gqa_repeat() -> Demo:
     g = _gen(11)
     h, h_kv = 8, 2
@@ -429,9 +540,7 @@ def demo_gqa_repeat() -> Demo:
     broken = F.scaled_dot_product_attention(q, broken_expand_kv(k, h), broken_expand_kv(v, h))
     fixed = F.scaled_dot_product_attention(q, fixed_expand_kv(k, h), fixed_expand_kv(v, h))
     wrong_heads = [i for i in range(h) if not _close(broken[0, i], reference[0, i])]
-    return Demo("gqa_repeat", "repeat instead of repeat_interleave for GQA", "07_mqa_and_gqa",
-                "query heads read the wrong key/value head: same shapes, no error, wrong outputs",
-                dict(heads_wrong_broken=wrong_heads, kv_head_of_query_head_1_broken=1 % h_kv,
+    return Demo(dict(heads_wrong_broken=wrong_heads, kv_head_of_query_head_1_broken=1 % h_kv,
                      kv_head_of_query_head_1_fixed=1 // (h // h_kv)),
                 symptom_seen=len(wrong_heads) > 0, fix_works=_close(fixed, reference))
 
@@ -440,6 +549,8 @@ def demo_gqa_repeat() -> Demo:
 # 12. nn.MultiheadAttention's batch_first=False default
 # ---------------------------------------------------------------------------------------------
 
+@pitfall("batch_first", "nn.MultiheadAttention's batch_first=False default", "04_multi_head_attention",
+         "no error: tokens attend across the *batch*, so sequence 0 changes when sequence 1 does")
 def demo_batch_first() -> Demo:
     """A (B, T, d) batch given to nn.MultiheadAttention(d, h): it reads (T, B, d)."""
     torch.manual_seed(12)
@@ -458,9 +569,7 @@ def demo_batch_first() -> Demo:
     with torch.no_grad():
         per_sequence = torch.stack([fixed_mha(x[i:i + 1], x[i:i + 1], x[i:i + 1])[0][0] for i in range(B)])
         batched = fixed_mha(x, x, x)[0]
-    return Demo("batch_first", "nn.MultiheadAttention's batch_first=False default", "04_multi_head_attention",
-                "no error: tokens attend across the *batch*, so sequence 0 changes when sequence 1 does",
-                dict(change_in_seq0_broken=change_in_sequence0(broken_mha),
+    return Demo(dict(change_in_seq0_broken=change_in_sequence0(broken_mha),
                      change_in_seq0_fixed=change_in_sequence0(fixed_mha)),
                 symptom_seen=change_in_sequence0(broken_mha) > 1e-3,
                 fix_works=change_in_sequence0(fixed_mha) < 1e-6 and _close(batched, per_sequence))
@@ -499,6 +608,9 @@ class FixedMaskedAttention(nn.Module):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask[:T, :T])
 
 
+@pitfall("mask_device", "A mask on the CPU while the model is on the GPU", "04_multi_head_attention",
+         "the plain-attribute mask stays on the CPU after .to(device): a device-mismatch error",
+         broken=BrokenMaskedAttention, fixed=FixedMaskedAttention)
 def demo_mask_device(device: str = "meta") -> Demo:
     """Move both models to another device ('meta' stands in for 'cuda' on a machine without a GPU)."""
     torch.manual_seed(13)
@@ -513,9 +625,7 @@ def demo_mask_device(device: str = "meta") -> Demo:
     cpu_fixed = FixedMaskedAttention(8, 16)
     cpu_x = torch.randn(2, 5, 8, generator=_gen(13))
     reference = F.scaled_dot_product_attention(*cpu_fixed.proj(cpu_x).chunk(3, dim=-1), is_causal=True)
-    return Demo("mask_device", "A mask on the CPU while the model is on the GPU", "04_multi_head_attention",
-                "the plain-attribute mask stays on the CPU after .to(device): a device-mismatch error",
-                dict(mask_device_broken=str(broken.mask.device), mask_device_fixed=str(fixed.mask.device),
+    return Demo(dict(mask_device_broken=str(broken.mask.device), mask_device_fixed=str(fixed.mask.device),
                      error=error.split("!")[0][:80]),
                 symptom_seen=broken.mask.device.type == "cpu" and "device" in error,
                 fix_works=fixed.mask.device.type == torch.device(device).type and out.shape == (2, 5, 8)
@@ -526,6 +636,8 @@ def demo_mask_device(device: str = "meta") -> Demo:
 # 14. Attention weights are not explanations
 # ---------------------------------------------------------------------------------------------
 
+@pitfall("weights_not_explanations", "Attention weights are not explanations", "10_attention_in_the_wild",
+         "the most-attended token contributes almost nothing; the output is a low-weight token's value")
 def demo_weights_not_explanations() -> Demo:
     """The most-attended token can contribute least to the output.
 
@@ -550,9 +662,7 @@ def demo_weights_not_explanations() -> Demo:
     k_swapped = k[[2, 1, 0, 3]]                                      # swap keys of tokens 0 and 2
     out_a, w_a = scaled_dot_product_attention(q + torch.tensor([[0, 1.0, 0, 0]]), k, v_dup)
     out_b, w_b = scaled_dot_product_attention(q + torch.tensor([[0, 1.0, 0, 0]]), k_swapped, v_dup)
-    return Demo("weights_not_explanations", "Attention weights are not explanations", "10_attention_in_the_wild",
-                "the most-attended token contributes almost nothing; the output is a low-weight token's value",
-                dict(weights=[round(x, 3) for x in w[0].tolist()],
+    return Demo(dict(weights=[round(x, 3) for x in w[0].tolist()],
                      contribution_share=[round(x, 3) for x in share.tolist()], cos_output_v3=round(cos_with_v3, 4),
                      duplicate_weights_a=[round(x, 3) for x in w_a[0].tolist()],
                      duplicate_weights_b=[round(x, 3) for x in w_b[0].tolist()]),
@@ -561,89 +671,15 @@ def demo_weights_not_explanations() -> Demo:
                 fix_works=int(share.argmax()) == 3 and cos_with_v3 > 0.99 and _close(contributions.sum(0), out[0]))
 
 
-PITFALLS = {
-    "missing_scale": demo_missing_scale,
-    "softmax_dim": demo_softmax_dim,
-    "mask_polarity": demo_mask_polarity,
-    "fully_masked_row": demo_fully_masked_row,
-    "fp16_overflow": demo_fp16_overflow,
-    "view_after_transpose": demo_view_after_transpose,
-    "dropout_in_eval": demo_dropout_in_eval,
-    "is_causal_with_cache": demo_is_causal_with_cache,
-    "rope_offset": demo_rope_offset,
-    "rope_pairing": demo_rope_pairing,
-    "gqa_repeat": demo_gqa_repeat,
-    "batch_first": demo_batch_first,
-    "mask_device": demo_mask_device,
-    "weights_not_explanations": demo_weights_not_explanations,
-}
-
-
-def run_all() -> list[Demo]:
-    """Run every demonstration; each Demo's ``ok`` says symptom seen and fix working."""
-    return [demo() for demo in PITFALLS.values()]
-
-
 # ---------------------------------------------------------------------------------------------
-# Pictures: the weights of four pitfalls, broken and fixed
+# Pictures: the weights of four pitfalls, broken and fixed (drawn by viz.PitfallWidget)
 # ---------------------------------------------------------------------------------------------
 
-HEATMAP_PITFALLS = {
-    "missing_scale": "1 · missing 1/sqrt(dk) (dk = 256)",
-    "softmax_dim": "2 · softmax over the queries",
-    "mask_polarity": "3 · True = forbidden mask given to SDPA",
-    "is_causal_with_cache": "8 · is_causal=True for 3 new tokens after 5 cached",
-}
+HEATMAP_PITFALLS = {p.name: p.picture for p in PITFALLS.values() if p.weights is not None}   # name -> title
 
 
-def pitfall_weights(name: str, fixed: bool) -> tuple[Tensor, Tensor | None]:
-    """(L, S) attention weights of one pitfall, broken or fixed, and the mask (True = masked) if any."""
+def pitfall_weights(name: str, fixed: bool) -> Weights:
+    """(L, S) attention weights of one pictured pitfall, broken or fixed, and the mask (True = masked) if any."""
     if name not in HEATMAP_PITFALLS:
         raise ValueError(f"name must be one of {list(HEATMAP_PITFALLS)}, got {name!r}")
-    g = _gen(90)
-    if name == "missing_scale":
-        q, k = torch.randn(6, 256, generator=g), torch.randn(6, 256, generator=g)
-        fn = fixed_scaled if fixed else broken_no_scale
-        return fn(q, k, k)[1], None
-    if name == "softmax_dim":
-        q, k = torch.randn(6, 8, generator=g), torch.randn(6, 8, generator=g)
-        fn = fixed_softmax_dim if fixed else broken_softmax_dim
-        return fn(q, k, k)[1], None
-    if name == "mask_polarity":
-        q, k = torch.randn(6, 8, generator=g), torch.randn(6, 8, generator=g)
-        mha_style = torch.ones(6, 6, dtype=torch.bool).triu(1)          # True = forbidden
-        allowed = ~mha_style if fixed else mha_style                    # what SDPA reads as "may attend"
-        return scaled_dot_product_attention(q, k, k, attn_mask=allowed)[1], ~allowed
-    q, k = torch.randn(3, 8, generator=g), torch.randn(8, 8, generator=g)
-    allowed = causal_mask(3, 8, bottom_right=fixed)
-    return scaled_dot_product_attention(q, k, k, attn_mask=allowed)[1], ~allowed
-
-
-class PitfallWidget(HeatmapWidget):
-    """Pick a pitfall, flip between the broken and the fixed code, and watch the weights change.
-
-    ``weights`` is the (L, S) matrix on display.
-    """
-
-    def __init__(self, name: str = "mask_polarity", fixed: bool = False):
-        import ipywidgets as widgets
-
-        self.choice = widgets.Dropdown(options=[(title, key) for key, title in HEATMAP_PITFALLS.items()],
-                                       value=name, description="pitfall", layout={"width": "420px"})
-        self.fixed = widgets.ToggleButtons(options=[("broken", False), ("fixed", True)], value=fixed)
-        super().__init__([self.choice, self.fixed], figsize=(6.0, 4.2))
-        self.update()
-
-    @property
-    def weights(self) -> Tensor:
-        return pitfall_weights(self.choice.value, self.fixed.value)[0]
-
-    def draw(self, fig) -> None:
-        weights, masked = pitfall_weights(self.choice.value, self.fixed.value)
-        ax = fig.add_subplot()
-        state = "fixed" if self.fixed.value else "broken"
-        sums = ", ".join(f"{x:.2f}" for x in weights.sum(-1).tolist())
-        attention_heatmap(weights, ax=ax, masked=masked,
-                          title=f"{HEATMAP_PITFALLS[self.choice.value]}: {state}\nrow sums: {sums}")
-        ax.title.set_fontsize(9)
-        fig.tight_layout()
+    return PITFALLS[name].weights(fixed)

@@ -16,6 +16,7 @@ short note; the static picture next to every widget is an ordinary output and st
 
 from __future__ import annotations
 
+import argparse
 import re
 import shutil
 import subprocess
@@ -124,5 +125,11 @@ def build(out: str | Path = "_site", root: str | Path = ROOT) -> Path:
     return html / "index.html"
 
 
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m selfattn_lite.site", description=__doc__.split("\n\n")[0])
+    parser.add_argument("out", nargs="?", default="_site", help="output folder (default: _site)")
+    print(build(parser.parse_args(argv).out))
+
+
 if __name__ == "__main__":
-    print(build(sys.argv[1] if len(sys.argv) > 1 else "_site"))
+    main()

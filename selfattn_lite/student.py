@@ -2,16 +2,18 @@
 
     python -m selfattn_lite.student notebooks student
 
-Every cell tagged ``solution`` is dropped and all outputs are cleared, so the
-checkers report "Not attempted yet" until the learner fills in each exercise.
+Every cell tagged ``solution`` is dropped (nbconvert's ``TagRemovePreprocessor``) and all
+outputs are cleared (``ClearOutputPreprocessor``), so the checkers report "Not attempted
+yet" until the learner fills in each exercise.
 """
 
 from __future__ import annotations
 
-import sys
+import argparse
 from pathlib import Path
 
 import nbformat
+from nbconvert.preprocessors import ClearOutputPreprocessor, TagRemovePreprocessor
 
 __all__ = ["strip_solutions", "build"]
 
@@ -20,13 +22,10 @@ NOTE = ("> **Student edition.** Solutions are removed; each exercise's checker s
 
 
 def strip_solutions(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
-    """Return a copy of ``nb`` without ``solution`` cells and without outputs."""
+    """Return a copy of ``nb`` without ``solution`` cells and without outputs, with a note on top."""
     nb = nbformat.from_dict(nb)
-    nb.cells = [c for c in nb.cells if "solution" not in c.get("metadata", {}).get("tags", [])]
-    for cell in nb.cells:
-        if cell.cell_type == "code":
-            cell.outputs = []
-            cell.execution_count = None
+    for preprocessor in (TagRemovePreprocessor(remove_cell_tags={"solution"}), ClearOutputPreprocessor()):
+        nb, _ = preprocessor.preprocess(nb, {})
     nb.cells.insert(1, nbformat.v4.new_markdown_cell(NOTE))
     for i, cell in enumerate(nb.cells):  # ids must stay unique and valid
         cell["id"] = f"cell-{i:03d}"
@@ -47,7 +46,14 @@ def build(src: str | Path = "notebooks", dst: str | Path = "student") -> list[Pa
     return written
 
 
-if __name__ == "__main__":
-    src, dst = (sys.argv[1:3] + ["notebooks", "student"][len(sys.argv[1:3]):])
-    for path in build(src, dst):
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m selfattn_lite.student", description=__doc__.split("\n\n")[0])
+    parser.add_argument("src", nargs="?", default="notebooks", help="folder of NN_*.ipynb (default: notebooks)")
+    parser.add_argument("dst", nargs="?", default="student", help="folder to write them to (default: student)")
+    args = parser.parse_args(argv)
+    for path in build(args.src, args.dst):
         print(path)
+
+
+if __name__ == "__main__":
+    main()

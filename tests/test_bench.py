@@ -1,11 +1,12 @@
 """selfattn_lite.bench: FLOPs, tolerances in ulps, timing method, peaks by exact name, backends.
 
 Device-aware: each test that runs work does so on every device present (CPU here and in CI,
-CUDA too on a GPU machine); CUDA-only logic (event timing, peak lookup) is exercised on the CPU
-with stand-ins for torch.cuda's functions.
+CUDA too on a GPU machine); CUDA-only logic (synchronized timing, peak lookup) is exercised on
+the CPU with stand-ins for torch's functions.
 """
 
 import math
+import timeit
 
 import pytest
 import torch
@@ -154,30 +155,55 @@ def test_infer_device_from_outputs():
     assert bench.time_stats(lambda: torch.zeros(1, device="meta"), repeat=1, number=1).device == "meta"
 
 
-class FakeEvent:
-    """Stands in for torch.cuda.Event: records the call count when recorded, 1 ms per call."""
-
-    log = []
-
-    def __init__(self, enable_timing=False):
-        assert enable_timing
-
-    def record(self):
-        self.at = len(FakeEvent.log)
-
-    def elapsed_time(self, end):
-        return float(end.at - self.at)
+def fake_clock(monkeypatch, calls, first_call_s=1e-3, call_s=1e-3):
+    """The clock every timing reads (timeit's, which torch.utils.benchmark.timer reads too) advances
+    by first_call_s during the first call and call_s during every other."""
+    monkeypatch.setattr(timeit, "default_timer", lambda: (first_call_s + (len(calls) - 1) * call_s) if calls else 0.0)
 
 
-def test_cuda_samples_bracket_n_back_to_back_calls_with_one_event_pair(monkeypatch):
+def test_the_first_call_is_timed_apart_and_a_cpu_timing_never_synchronizes(monkeypatch):
+    calls = []
+    fake_clock(monkeypatch, calls, first_call_s=0.25)
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: True)
+    monkeypatch.setattr(torch.accelerator, "synchronize", lambda device=None: pytest.fail("synchronized a CPU timing"))
+    t = bench.time_stats(lambda: calls.append(1), device="cpu", warmup=2, repeat=4, number=3)
+    assert t.first == pytest.approx(0.25) and t.samples == pytest.approx([1e-3] * 4)
+    assert len(calls) == 1 + 2 + 4 * 3
+
+
+def test_gpu_samples_synchronize_once_at_each_end_never_between_calls(monkeypatch):
+    calls, syncs = [], []
+    fake_clock(monkeypatch, calls)
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: True)
+    monkeypatch.setattr(torch.accelerator, "synchronize", lambda device=None: syncs.append(len(calls)))
+    t = bench.time_stats(lambda: calls.append(1), device="cuda", warmup=1, repeat=3, number=4)
+    assert t.samples == pytest.approx([1e-3] * 3) and t.first == pytest.approx(1e-3) and t.number == 4
+    # first call (0 -> 1), warm-up (1 -> 2), then 3 samples of 4 calls: a synchronize before each clock read
+    assert syncs == [0, 1, 1, 2, 2, 6, 6, 10, 10, 14]
+
+
+def test_unknown_device_synchronizes_only_a_gpu_in_use(monkeypatch):
     syncs = []
-    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: syncs.append(len(FakeEvent.log)))
-    FakeEvent.log = []
-    t = bench.time_stats(lambda: FakeEvent.log.append(1), device="cuda", warmup=1, repeat=3, number=4)
-    assert t.samples == [1e-3] * 3                  # 4 calls between the events, 1 "ms" each, per call
-    samples_syncs = syncs[-3:]
-    assert samples_syncs == [1 + 1 + 4, 1 + 1 + 8, 1 + 1 + 12]   # one synchronize per sample, none between calls
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: True)
+    monkeypatch.setattr(torch.accelerator, "synchronize", lambda device=None: syncs.append(1))
+    bench.time_stats(lambda: None, warmup=0, repeat=1, number=1)
+    assert syncs == []                                              # no GPU initialised: nothing to wait for
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    bench.time_stats(lambda: None, warmup=0, repeat=1, number=1)
+    assert len(syncs) == 2 + 2                                       # first call and one sample, both ends
+    syncs.clear()
+    bench.time_stats(lambda: torch.zeros(1), warmup=0, repeat=1, number=1)
+    assert len(syncs) == 1                                           # before the first call; then the output says CPU
+
+
+def test_time_stats_rejects_bad_counts():
+    with pytest.raises(ValueError, match="number must be a positive int, got 0"):
+        bench.time_stats(lambda: None, number=0)
+    with pytest.raises(ValueError, match="repeat must be a positive int, got 0"):
+        bench.time_stats(lambda: None, repeat=0)
+    with pytest.raises(ValueError, match="warmup must be a non-negative int, got -1"):
+        bench.time_stats(lambda: None, warmup=-1)
 
 
 # --------------------------------------------------------------------------- peaks and head sizes

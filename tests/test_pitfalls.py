@@ -1,30 +1,52 @@
 """selfattn_lite.pitfalls: every broken function shows its symptom, every fix removes it."""
 
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 import selfattn_lite as sal
-from selfattn_lite import pitfalls
+from selfattn_lite import pitfalls, viz
+
+NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+
+
+@pytest.fixture(scope="module")
+def demos():
+    """Every demo, run once for all the tests below (run_all is what notebook 09 calls)."""
+    return {demo.name: demo for demo in pitfalls.run_all()}
+
+
+def test_fourteen_pitfalls_run_in_registration_order(demos):
+    assert list(demos) == list(pitfalls.PITFALLS) and len(demos) == 14
 
 
 @pytest.mark.parametrize("name", list(pitfalls.PITFALLS))
-def test_each_demo_shows_the_symptom_and_the_fix(name):
-    demo = pitfalls.PITFALLS[name]()
-    assert demo.name == name
+def test_each_demo_shows_the_symptom_and_the_fix(demos, name):
+    demo, entry = demos[name], pitfalls.PITFALLS[name]
     assert demo.symptom_seen, f"{name}: the broken code did not show its symptom: {demo.measured}"
     assert demo.fix_works, f"{name}: the fix did not work: {demo.measured}"
-    assert demo.notebook[:2].isdigit() and demo.title and demo.symptom
+    assert demo.ok
+    assert (demo.title, demo.notebook, demo.symptom) == (entry.title, entry.notebook, entry.symptom)
+    assert (NOTEBOOKS / f"{demo.notebook}.ipynb").exists(), demo.notebook
 
 
-def test_fourteen_pitfalls_each_linked_to_an_existing_notebook():
-    from pathlib import Path
+def test_registration_fills_in_the_demo_and_refuses_a_second_name(demos):
+    demo = pitfalls.demo_missing_scale(dk=64)                 # the decorated function, called directly
+    assert demo.name == "missing_scale" and demo.title == pitfalls.PITFALLS["missing_scale"].title
+    assert demo.measured["mean_max_weight_broken"] < demos["missing_scale"].measured["mean_max_weight_broken"]
+    with pytest.raises(ValueError, match="'softmax_dim' is already registered"):
+        pitfalls.pitfall("softmax_dim", "again", "01_scaled_dot_product_attention", "twice")
 
-    notebooks = Path(__file__).resolve().parents[1] / "notebooks"
-    demos = pitfalls.run_all()
-    assert len(demos) == 14 and all(d.ok for d in demos)
-    for demo in demos:
-        assert (notebooks / f"{demo.notebook}.ipynb").exists(), demo.notebook
+
+def test_every_broken_and_fixed_function_belongs_to_a_pitfall():
+    registered = {code for entry in pitfalls.PITFALLS.values() for code in entry.broken + entry.fixed}
+    public = {getattr(pitfalls, name) for name in pitfalls.__all__
+              if name.lower().startswith(("broken", "fixed"))}
+    assert public == registered
+    shared = [name for name, entry in pitfalls.PITFALLS.items() if pitfalls.fixed_attention in entry.fixed]
+    assert shared == ["missing_scale", "softmax_dim"]            # one correct attention fixes both
 
 
 def qkv(*shape, seed=0):
@@ -35,8 +57,9 @@ def qkv(*shape, seed=0):
 def test_scale_and_softmax_dim_fixes_match_torch():
     q, k, v = qkv(2, 3, 5, 8)
     want = F.scaled_dot_product_attention(q, k, v)
-    torch.testing.assert_close(pitfalls.fixed_scaled(q, k, v)[0], want)
-    torch.testing.assert_close(pitfalls.fixed_softmax_dim(q, k, v)[0], want)
+    out, weights = pitfalls.fixed_attention(q, k, v)
+    torch.testing.assert_close(out, want)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(2, 3, 5))
     torch.testing.assert_close(pitfalls.broken_no_scale(q * 8 ** -0.25, k * 8 ** -0.25, v)[0], want)  # scale moved
     assert not torch.allclose(pitfalls.broken_softmax_dim(q, k, v)[0], want)
 
@@ -106,12 +129,17 @@ def test_fp16_functions():
 def test_pitfall_weights_and_widget():
     for name in pitfalls.HEATMAP_PITFALLS:
         broken, _ = pitfalls.pitfall_weights(name, False)
-        fixed, _ = pitfalls.pitfall_weights(name, True)
+        fixed, masked = pitfalls.pitfall_weights(name, True)
         assert broken.shape == fixed.shape and not torch.allclose(broken, fixed)
         torch.testing.assert_close(fixed.sum(-1), torch.ones(fixed.shape[0]))
+        if masked is not None:                                    # what the heatmap greys out weighs nothing
+            assert (fixed[masked] == 0).all() and (fixed[~masked] > 0).all()
+    L, S = 3, 8                                                   # new tokens see every cached key: bottom-right
+    torch.testing.assert_close(pitfalls.pitfall_weights("is_causal_with_cache", True)[1],
+                               torch.ones(L, S, dtype=torch.bool).triu(S - L + 1))
     with pytest.raises(ValueError, match="missing_scale"):
         pitfalls.pitfall_weights("nope", True)
-    w = pitfalls.PitfallWidget("missing_scale")
+    w = viz.PitfallWidget("missing_scale")
     renders, before = w.renders, w.weights
     w.fixed.value = True
     assert w.renders == renders + 1 and w.weights.max(-1).values.mean() < before.max(-1).values.mean()

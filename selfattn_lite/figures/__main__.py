@@ -1,6 +1,11 @@
-import sys
+"""``python -m selfattn_lite.figures [OUT]``: every figure of the notebooks' markdown, as PNGs in OUT."""
+
+import argparse
 
 from . import make_all
 
-for path in make_all(sys.argv[1] if len(sys.argv) > 1 else "figures"):
+parser = argparse.ArgumentParser(prog="python -m selfattn_lite.figures",
+                                 description="Draw every figure of the notebooks' markdown (PNGs).")
+parser.add_argument("out", nargs="?", default="figures", help="folder to write them to (default: figures)")
+for path in make_all(parser.parse_args().out):
     print(path)
