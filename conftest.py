@@ -7,6 +7,10 @@ import os
 
 import pytest
 
+# Before anything imports torch (OpenMP reads it then), in this process, its xdist workers and every
+# notebook kernel they start: idle OpenMP threads sleep, as under `make` and in the notebooks.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 # ---- per-notebook wall time, printed at the end of the run (nbval runs one item per cell) ----
 _NOTEBOOK_SECONDS: dict[str, float] = {}
 

@@ -13,7 +13,13 @@ from __future__ import annotations
 import importlib
 import os
 
-import torch
+# Idle OpenMP threads sleep instead of spinning, however the course was started (make, conda, Binder,
+# `python -m selfattn_lite.bench_efficient`): CPU timings then do not depend on the route. OpenMP
+# reads the variable when torch loads it, so this only counts where torch is not imported yet; the
+# notebooks set it in their first cell for that reason.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402
 
 # Notebook 15's Triton kernels run under Triton's CPU interpreter where there is no GPU. Triton picks
 # interpreter or compiler for its own library functions when it is first imported, and torch imports
