@@ -131,3 +131,8 @@ def test_makefile_runs_the_report():
     makefile = (ROOT / "Makefile").read_text()
     assert re.search(r"^gpu-report:.*\n\t.*-m selfattn_lite\.gpu_report --out figures/gpu", makefile, re.M)
     assert "figures/gpu/dry-run/" in (ROOT / ".gitignore").read_text()
+
+
+def test_the_package_tests_it_runs_on_the_gpu_exist():
+    files = [arg for arg in gpu_report.TEST_FILES + gpu_report.DRY_RUN_TESTS if arg.startswith("tests/")]
+    assert files and all((ROOT / f).is_file() for f in files), [f for f in files if not (ROOT / f).is_file()]
