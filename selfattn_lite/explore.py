@@ -373,10 +373,7 @@ def explore(text: str, model: BertEncoder | None = None, tokenizer=None) -> Atte
 
 
 def decoder_attention(model, ids: Tensor) -> tuple[Tensor, list[Tensor]]:
-    """Run the tiny decoder's blocks one by one, keeping every layer's attention weights.
-
-    The same computation as ``TinyDecoder.forward`` (pre-norm blocks, causal RoPE attention),
-    with ``need_weights=True`` on each attention.
+    """The tiny decoder's logits and every layer's attention weights: ``model(ids, need_weights=True)``.
 
     Args:
         model: a ``selfattn_lite.models.TinyDecoder``.
@@ -385,15 +382,7 @@ def decoder_attention(model, ids: Tensor) -> tuple[Tensor, list[Tensor]]:
     Returns:
         logits (B, T, vocab) and [weights (B, h, T, T)] * n_layers, lower-triangular.
     """
-    ids = model._check_ids(ids)
-    x = model.embed(ids)                                                  # (B, T, d)
-    all_weights = []
-    for block in model.blocks:
-        y, weights = block.attn(block.norm1(x), need_weights=True)      # weights (B, h, T, T)
-        x = x + y
-        x = x + block.mlp(block.norm2(x))
-        all_weights.append(weights)
-    return model.lm_head(model.norm(x)), all_weights
+    return model(ids, need_weights=True)
 
 
 def explore_decoder(text: str, model=None) -> AttentionMaps:

@@ -194,12 +194,23 @@ def decoder():
     return model.eval()
 
 
-def test_decoder_attention_reproduces_the_decoder(decoder):
+def test_decoder_attention_is_what_each_attention_computes(decoder):
+    """The weights equal those each layer's attention returns when hooks ask it (need_weights=True)."""
     ids = decoder.tokenizer.encode("to be or not")[None]
+    hooked, handles = [], []
+    for block in decoder.blocks:
+        handles.append(block.attn.register_forward_pre_hook(
+            lambda m, args, kwargs: (args, {**kwargs, "need_weights": True}), with_kwargs=True))
+        handles.append(block.attn.register_forward_hook(lambda m, args, out: hooked.append(out[1])))
     with torch.no_grad():
+        plain = decoder(ids)
+        for handle in handles:
+            handle.remove()
         logits, weights = ex.decoder_attention(decoder, ids)
-        torch.testing.assert_close(logits, decoder(ids), atol=1e-5, rtol=1e-5)
-    assert len(weights) == 2 and weights[0].shape == (1, 4, 12, 12)
+    torch.testing.assert_close(logits, plain, atol=1e-5, rtol=1e-5)
+    assert len(weights) == len(hooked) == 2 and weights[0].shape == (1, 4, 12, 12)
+    for ours, theirs in zip(weights, hooked, strict=True):
+        torch.testing.assert_close(ours, theirs, atol=0, rtol=0)
 
 
 def test_explore_decoder_is_causal_with_readable_tokens(decoder):
