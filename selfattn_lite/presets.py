@@ -5,7 +5,7 @@
 ``kv_cache_bytes`` is the formula; ``PRESETS`` (looked up with ``get_preset``) holds real
 models' configurations as ``ModelPreset``s, whose ``kv_bytes`` also covers multi-head latent
 attention (DeepSeek-V2/V3) and cross-layer sharing (Gemma 3n), and ``weight_bytes`` the
-weights; ``format_bytes`` prints sizes in binary units. Notebooks 06, 07 and 13 use them.
+weights; ``format_bytes`` prints sizes in binary units. Notebook 06 introduces them.
 """
 
 from __future__ import annotations
