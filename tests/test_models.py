@@ -331,3 +331,12 @@ def test_load_errors_name_the_missing_file(tmp_path):
     with pytest.raises(ValueError, match="no tokenizer"):
         _model().complete("ab", 2)
     assert isinstance(_model().new_caches(2)[0], KVCache)
+
+
+def test_decode_benchmark_command_line_runs(capsys):
+    from selfattn_lite import bench_decode
+
+    result = bench_decode.main(["--prompt", "8", "--new", "4", "--repeat", "2"])
+    assert (result["prompt"], result["new"]) == (8, 4) and result["seconds"] > 0
+    out = capsys.readouterr().out
+    assert out.count("prompt 8 + 4 generated") == 2 and "best of 2" in out
