@@ -3,9 +3,9 @@
 Self-attention written out in plain PyTorch: a transparent twin of torch's APIs that
 also returns what torch hides (the attention weights), checked against torch in tests.
 
-Modules: attention, masks, multihead, positions, kv_cache, efficient, graphs, models, viz,
-explore, bench, distributed, triton_attention, gpu_report, exercises, figures. The main names are
-importable from here.
+Modules: attention, masks, multihead, positions, kv_cache, presets, efficient, graphs, models,
+encoder, explore, viz, bench, distributed, triton_attention, gpu_report, exercises, figures.
+The main names are importable from here.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ _LAZY = {
     "alibi_slopes": "positions",
     "alibi_bias": "positions",
     "KVCache": "kv_cache",
-    "kv_cache_bytes": "kv_cache",
+    "kv_cache_bytes": "presets",
     "TinyDecoder": "models",
     "load_tiny_decoder": "models",
     "flash_attention": "efficient",

@@ -163,7 +163,8 @@ def package_tests(ctx) -> dict:
     root = Path(__file__).resolve().parents[1]
     args = DRY_RUN_TESTS if ctx.tiny else TEST_FILES
     env = dict(os.environ, CI="1", PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    cmd = [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", "-x", *args]   # one process: one GPU
+    # one process (-n 0, no xdist workers): the tests share the one GPU
+    cmd = [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", "-x", *args]
     proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True)
     tail = (proc.stdout + proc.stderr)[-4000:]
     if proc.returncode != 0:

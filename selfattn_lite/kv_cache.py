@@ -6,23 +6,22 @@ with one they are computed once, stored, and read back. Its size is
 
     bytes = 2 (K and V) x layers x kv_heads x head_dim x tokens x batch x bytes_per_value
 
-This module holds the per-layer ``KVCache``, the size formula ``kv_cache_bytes`` with the
-published configurations of real models (``PRESETS``, including multi-head latent attention
-and cross-layer sharing), and what serving systems add: a paged block allocator
+This module holds the per-layer ``KVCache`` and what serving systems add: a paged block allocator
 (``PagedKVCache``), an 8-bit cache (``Int8KVCache``), and two caches of constant size,
 ``SinkKVCache`` (StreamingLLM's first tokens + a rolling window) and ``RollingKVCache``
-(a ring buffer of the last ``window`` tokens, as in Mistral 7B).
+(a ring buffer of the last ``window`` tokens, as in Mistral 7B). The size formula
+``kv_cache_bytes`` and the presets of real models are in ``presets`` (re-exported here).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from ._checks import check_int, check_positive_int, check_tensor, shape_str
+from .presets import PRESETS, ModelPreset, format_bytes, get_preset, kv_cache_bytes  # re-exported
 
 __all__ = [
     "TokenCache",
@@ -48,10 +47,10 @@ __all__ = [
 class TokenCache:
     """What every cache here shares: B sequences, at most ``max_len`` tokens, filled left to right.
 
-    Subclasses allocate their buffers (``_buffers`` lists them, time on ``_time_dim``) and
-    write into them; this class does the bookkeeping: ``len``, ``reset``, ``crop``, ``nbytes``
-    and the overflow check. ``len(cache)`` is the number of tokens stored, which is also the
-    position of the next token (what RoPE needs).
+    Subclasses allocate their buffers (``_buffers`` names them) and write into them; this class
+    does the bookkeeping: ``len``, ``reset``, ``crop``, ``nbytes`` and the overflow check.
+    ``len(cache)`` is the number of tokens stored, which is also the position of the next token
+    (what RoPE needs).
     """
 
     _buffers: tuple[str, ...] = ()
@@ -177,164 +176,6 @@ class KVCache(TokenCache):
         self.v[:, :, start:end] = v
         self._len = end
         return self.k[:, :, :end], self.v[:, :, :end]  # (B, h_kv, len, dk)
-
-
-# --------------------------------------------------------------------------------------
-# How big is it? The formula, and real models
-# --------------------------------------------------------------------------------------
-def kv_cache_bytes(n_layers: int, n_kv_heads: int, head_dim: int, n_tokens: int = 1, batch: int = 1,
-                   bytes_per_value: float = 2) -> int:
-    """Memory of a KV cache: 2 x layers x kv_heads x head_dim x tokens x batch x bytes.
-
-    The 2 counts keys and values. ``bytes_per_value`` is 2 for fp16/bf16, 4 for fp32,
-    1 for int8 (scales not counted).
-
-    Example: Llama-2-7B (32 layers, 32 KV heads of 128 dims), fp16:
-    ``kv_cache_bytes(32, 32, 128)`` = 524,288 bytes = 512 KiB per token.
-    """
-    for name, n in (("n_layers", n_layers), ("n_kv_heads", n_kv_heads), ("head_dim", head_dim),
-                    ("batch", batch)):
-        check_positive_int(name, n)
-    n_tokens = check_int("n_tokens", n_tokens, low=0)
-    if not bytes_per_value > 0:
-        raise ValueError(f"bytes_per_value must be > 0, got {bytes_per_value!r}")
-    total = 2 * n_layers * n_kv_heads * head_dim * n_tokens * batch * bytes_per_value
-    return int(round(total))
-
-
-@dataclass(frozen=True)
-class ModelPreset:
-    """The published shape of a real model (its config.json), enough for memory arithmetic.
-
-    ``n_params`` is the model's total parameter count (embeddings included, tied ones
-    counted once), so ``n_params x bytes`` is the memory of its weights.
-
-    Three kinds of cache are covered:
-
-    * MHA / GQA / MQA: each layer stores a key and a value per K/V head,
-      2 x n_kv_heads x head_dim values per token and layer.
-    * MLA (multi-head latent attention, DeepSeek-V2/V3): each layer stores one latent
-      c_KV of ``kv_lora_rank`` values and one RoPE key of ``qk_rope_head_dim`` values,
-      shared by every head: (kv_lora_rank + qk_rope_head_dim) values per token and layer.
-    * Cross-layer sharing: only ``kv_layers`` of the ``n_layers`` layers compute and store
-      keys and values; the others read those of an earlier layer. Of those, the
-      ``sliding_kv_layers`` that use a sliding window keep at most ``sliding_window`` tokens.
-    """
-
-    name: str
-    n_layers: int
-    d_model: int
-    n_heads: int
-    n_kv_heads: int
-    head_dim: int
-    ffn_dim: int
-    vocab_size: int
-    max_position: int
-    n_params: int
-    attention: str  # "MHA", "GQA", "MQA" or "MLA"
-    kv_lora_rank: int = 0            # MLA: width of the cached latent c_KV
-    qk_rope_head_dim: int = 0        # MLA: width of the cached, decoupled RoPE key
-    kv_layers: int | None = None     # layers that hold their own cache (default: all)
-    sliding_kv_layers: int = 0       # of those, layers whose cache keeps only the last sliding_window tokens
-    sliding_window: int | None = None
-
-    @property
-    def cache_layers(self) -> int:
-        """Layers that store their own keys and values (n_layers unless layers share them)."""
-        return self.n_layers if self.kv_layers is None else self.kv_layers
-
-    def values_per_token_layer(self, n_kv_heads: int | None = None) -> int:
-        """Cached values per token and caching layer: 2 x kv_heads x head_dim, or MLA's
-        kv_lora_rank + qk_rope_head_dim."""
-        if self.attention == "MLA":
-            if n_kv_heads is not None and n_kv_heads != self.n_kv_heads:
-                raise ValueError(f"{self.name} uses multi-head latent attention: its cache holds one latent per "
-                                 f"token and layer, not per K/V head, so n_kv_heads={n_kv_heads} does not apply")
-            return self.kv_lora_rank + self.qk_rope_head_dim
-        heads = self.n_kv_heads if n_kv_heads is None else check_positive_int("n_kv_heads", n_kv_heads)
-        return 2 * heads * self.head_dim
-
-    def kv_bytes(self, n_tokens: int = 1, batch: int = 1, bytes_per_value: float = 2,
-                 n_kv_heads: int | None = None) -> int:
-        """KV cache bytes for this model (optionally with another number of KV heads).
-
-        MHA/GQA/MQA: 2 x layers x kv_heads x head_dim x tokens x batch x bytes
-        (``kv_cache_bytes``). MLA: (kv_lora_rank + qk_rope_head_dim) x layers x tokens x
-        batch x bytes. With cross-layer sharing only ``cache_layers`` layers count, and a
-        sliding-window layer holds min(tokens, sliding_window) tokens.
-        """
-        per = self.values_per_token_layer(n_kv_heads)
-        if self.attention != "MLA" and self.kv_layers is None and not self.sliding_kv_layers:
-            heads = self.n_kv_heads if n_kv_heads is None else n_kv_heads
-            return kv_cache_bytes(self.n_layers, heads, self.head_dim, n_tokens, batch, bytes_per_value)
-        n_tokens = check_int("n_tokens", n_tokens, low=0)
-        check_positive_int("batch", batch)
-        if not bytes_per_value > 0:
-            raise ValueError(f"bytes_per_value must be > 0, got {bytes_per_value!r}")
-        full = self.cache_layers - self.sliding_kv_layers
-        windowed = min(n_tokens, self.sliding_window) if self.sliding_kv_layers else 0
-        token_layers = full * n_tokens + self.sliding_kv_layers * windowed
-        return int(round(per * token_layers * batch * bytes_per_value))
-
-    def weight_bytes(self, bytes_per_value: float = 2) -> int:
-        """Memory of the weights: n_params x bytes per value."""
-        return int(round(self.n_params * bytes_per_value))
-
-
-def _preset(name, n_layers, d_model, n_heads, n_kv_heads, ffn_dim, vocab_size, max_position, n_params):
-    kind = "MHA" if n_kv_heads == n_heads else ("MQA" if n_kv_heads == 1 else "GQA")
-    return ModelPreset(name, n_layers, d_model, n_heads, n_kv_heads, d_model // n_heads, ffn_dim,
-                       vocab_size, max_position, n_params, kind)
-
-
-# Values from each model's published config.json; n_params from the model card / checkpoint.
-PRESETS: dict[str, ModelPreset] = {p.name: p for p in [
-    #        name           layers d_model heads kv  ffn    vocab   max_pos n_params
-    _preset("GPT-2 (124M)",    12,   768,   12, 12,  3072,  50257,   1024,     124_439_808),
-    _preset("Llama-2-7B",      32,  4096,   32, 32, 11008,  32000,   4096,   6_738_415_616),
-    _preset("Llama-2-13B",     40,  5120,   40, 40, 13824,  32000,   4096,  13_015_864_320),
-    _preset("Llama-2-70B",     80,  8192,   64,  8, 28672,  32000,   4096,  68_976_648_192),
-    _preset("Mistral-7B",      32,  4096,   32,  8, 14336,  32000,  32768,   7_241_732_096),
-    _preset("Llama-3-8B",      32,  4096,   32,  8, 14336, 128256,   8192,   8_030_261_248),
-    _preset("Llama-3-70B",     80,  8192,   64,  8, 28672, 128256,   8192,  70_553_706_496),
-    _preset("Qwen2.5-7B",      28,  3584,   28,  4, 18944, 152064, 131072,   7_615_616_512),
-    # Multi-head latent attention (DeepSeek-AI, 2024): config.json of deepseek-ai/DeepSeek-V2 and
-    # deepseek-ai/DeepSeek-V3 (kv_lora_rank 512, qk_rope_head_dim 64, qk_nope_head_dim 128, v_head_dim 128,
-    # q_lora_rank 1536, 128 heads). head_dim is the query/key head width, qk_nope + qk_rope = 192;
-    # ffn_dim the dense layers' intermediate_size. n_params: the architecture instantiated from the config
-    # (transformers' DeepseekV2/V3ForCausalLM on the meta device; V3 without its multi-token-prediction
-    # module), the papers' "236B" and "671B" total parameters.
-    ModelPreset("DeepSeek-V2", 60, 5120, 128, 128, 192, 12288, 102400, 163840, 235_741_434_880, "MLA",
-                kv_lora_rank=512, qk_rope_head_dim=64),
-    ModelPreset("DeepSeek-V3", 61, 7168, 128, 128, 192, 18432, 129280, 163840, 671_026_404_352, "MLA",
-                kv_lora_rank=512, qk_rope_head_dim=64),
-    # Cross-layer KV sharing: the text decoder of Gemma 3n E4B (transformers' Gemma3nTextConfig, whose
-    # defaults are the E4B configuration): 35 layers, every 5th global and the others a 512-token sliding
-    # window, 2 K/V heads of 256. The last num_kv_shared_layers = 15 layers reuse the cache of the last
-    # earlier layer of their type, so 20 layers (16 sliding, 4 global) hold a cache. n_params: the text
-    # decoder (Gemma3nForCausalLM, per-layer embeddings included) instantiated from that config.
-    ModelPreset("Gemma-3n-E4B", 35, 2048, 8, 2, 256, 16384, 262400, 32768, 6_835_235_568, "GQA",
-                kv_layers=20, sliding_kv_layers=16, sliding_window=512),
-]}
-
-
-def get_preset(name: str) -> ModelPreset:
-    """Look up a preset by name (case-insensitive), e.g. ``get_preset("llama-2-7b")``."""
-    for key, preset in PRESETS.items():
-        if key.lower() == name.lower():
-            return preset
-    raise ValueError(f"unknown model preset {name!r}; known: {', '.join(PRESETS)}")
-
-
-def format_bytes(n: float) -> str:
-    """Binary units, as memory is sold: 524288 -> '512.0 KiB', 2**31 -> '2.00 GiB'."""
-    if n < 1024:
-        return f"{n:.0f} B"
-    for unit, power in (("KiB", 1), ("MiB", 2), ("GiB", 3), ("TiB", 4)):
-        value = n / 1024 ** power
-        if value < 1024 or unit == "TiB":
-            return f"{value:.1f} {unit}" if unit in ("KiB", "MiB") else f"{value:.2f} {unit}"
-    raise AssertionError("unreachable")
 
 
 # --------------------------------------------------------------------------------------

@@ -5,6 +5,10 @@
     x_l = x_l + MLP(Norm(x_l))
     logits = Norm(x_L) E^T                   (the embedding matrix E reused as the output layer)
 
+``model(ids, need_weights=True)`` also returns every layer's attention weights (what the
+explorer shows, ``explore.explore_decoder``). RoPE's cos and sin are computed once per
+forward and shared by every layer (``RotaryEmbedding.shared_angles``).
+
 ``TinyDecoder.generate`` decodes greedily, with a KV cache (one ``KVCache`` per layer:
 prefill the prompt once, then one token per step) or without one (re-run the whole
 context at every step). Both give the same tokens; the cache only saves work.
@@ -15,6 +19,7 @@ context at every step). Both give the same tokens; the cache only saves work.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from dataclasses import asdict, dataclass, fields
@@ -188,14 +193,22 @@ class DecoderBlock(nn.Module):
         self.mlp = MLP(config.d_model, config.d_ff)
         self.drop = nn.Dropout(config.dropout)
 
-    def forward(self, x: Tensor, kv_cache: KVCache | None = None, bias: Tensor | None = None) -> Tensor:
+    def forward(self, x: Tensor, kv_cache: KVCache | None = None, bias: Tensor | None = None, *,
+                positions: Tensor | None = None, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
         """x (B, T, d) -> (B, T, d); with a cache, T new tokens after len(kv_cache) old ones.
 
-        ``bias``: optional (h, T, S) float added to the scores (ALiBi), next to the causal mask.
+        Args:
+            bias: optional (B, h, T, S) float added to the scores (ALiBi), next to the causal mask.
+            positions: (T,) positions of the new tokens, for RoPE (default: after the cache).
+            need_weights: also return the attention weights.
+
+        Returns:
+            x (B, T, d), and the weights (B, h, T, S) when ``need_weights`` (else None).
         """
-        y, _ = self.attn(self.norm1(x), kv_cache=kv_cache, attn_mask=bias)
+        y, weights = self.attn(self.norm1(x), kv_cache=kv_cache, attn_mask=bias, positions=positions,
+                               need_weights=need_weights)
         x = x + self.drop(y)
-        return x + self.drop(self.mlp(self.norm2(x)))
+        return x + self.drop(self.mlp(self.norm2(x))), weights
 
 
 class TinyDecoder(nn.Module):
@@ -271,32 +284,52 @@ class TinyDecoder(nn.Module):
                                  f"got min {low}, max {high}")
         return ids
 
-    def forward(self, ids: Tensor, caches: list[KVCache] | None = None) -> Tensor:
-        """Next-token logits for every position.
+    def forward(self, ids: Tensor, caches: list[KVCache] | None = None, *,
+                need_weights: bool = False) -> Tensor | tuple[Tensor, list[Tensor]]:
+        """Next-token logits for every position (and, when asked, every layer's attention weights).
+
+        RoPE's cos and sin are computed once here for the T positions and shared by every
+        layer's q and k (``RotaryEmbedding.shared_angles``).
 
         Args:
             ids: (B, T) token ids on the model's device (their range is checked on the CPU;
                 see ``_check_ids``). With ``caches``, the T new tokens that follow the
                 len(caches[0]) tokens already stored (positions continue from there).
             caches: None (attend among ``ids`` only) or one ``KVCache`` per layer.
+            need_weights: also return the attention weights of every layer, computed by
+                each layer's explicit attention (``MultiHeadAttention(need_weights=True)``).
 
         Returns:
-            (B, T, vocab_size) logits.
+            (B, T, vocab_size) logits; with ``need_weights``, the pair (logits, weights),
+            weights a list of n_layers tensors (B, h, T, S), S = len(cache) + T (T without a cache).
         """
         ids = self._check_ids(ids)
         if caches is not None and len(caches) != self.config.n_layers:
             raise ValueError(f"expected one cache per layer ({self.config.n_layers}), got {len(caches)}")
+        B, T = ids.shape
         past = len(caches[0]) if caches is not None else 0
-        if past + ids.shape[1] > self.config.max_len:
-            raise ValueError(f"{past} cached + {ids.shape[1]} new tokens exceed max_len={self.config.max_len}")
+        if past + T > self.config.max_len:
+            raise ValueError(f"{past} cached + {T} new tokens exceed max_len={self.config.max_len}")
         x = self.embed(ids)                                   # (B, T, d)
+        positions = torch.arange(past, past + T, device=x.device)             # (T,)
         bias = None
         if self.config.position == "alibi":                   # (h, T, past + T): -m_h (i - j) where j <= i
-            bias = alibi_bias(self.config.n_heads, ids.shape[1], past + ids.shape[1], device=x.device).to(x.dtype)
-            bias = bias.expand(ids.shape[0], *bias.shape)     # (B, h, T, S): torch's fast CPU path wants 4-D
-        for i, block in enumerate(self.blocks):
-            x = block(x, kv_cache=None if caches is None else caches[i], bias=bias)
-        return self.lm_head(self.norm(x))                     # (B, T, V)
+            bias = alibi_bias(self.config.n_heads, T, past + T, device=x.device).to(x.dtype)
+            bias = bias.expand(B, *bias.shape)                # (B, h, T, S): torch's fast CPU path wants 4-D
+        all_weights = []
+        with self._rope_angles(positions, x.dtype):          # cos, sin of the T positions: once, for all layers
+            for i, block in enumerate(self.blocks):
+                x, weights = block(x, kv_cache=None if caches is None else caches[i], bias=bias,
+                                   positions=positions, need_weights=need_weights)
+                all_weights.append(weights)
+        logits = self.lm_head(self.norm(x))                   # (B, T, V)
+        return (logits, all_weights) if need_weights else logits
+
+    def _rope_angles(self, positions: Tensor, dtype: torch.dtype):
+        """``self.rope.shared_angles`` for this forward (nothing to share with ALiBi)."""
+        if self.rope is None:
+            return contextlib.nullcontext()
+        return self.rope.shared_angles(positions, torch.float64 if dtype == torch.float64 else torch.float32)
 
     def loss(self, ids: Tensor) -> Tensor:
         """Mean cross-entropy of predicting ids[:, 1:] from ids[:, :-1], in nats per token."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from contextlib import contextmanager
 
 import torch
 from torch import Tensor, nn
@@ -350,6 +351,9 @@ class RotaryEmbedding(nn.Module):
     Attributes:
         inv_freq: (d/2,) float32 buffer, the (scaled) frequencies theta_i.
         attention_scaling: the factor multiplying cos and sin (YaRN's sqrt(1/t), else 1.0).
+
+    A model whose layers share one ``RotaryEmbedding`` computes cos and sin once per forward
+    with ``shared_angles`` (as transformers' Llama hands ``position_embeddings`` to every layer).
     """
 
     def __init__(self, head_dim: int, base: float = 10000.0, *, interleaved: bool = False,
@@ -361,6 +365,7 @@ class RotaryEmbedding(nn.Module):
         self.scaling = None if scaling is None else validate_scaling(scaling, head_dim)
         self.attention_scaling = attention_scaling
         self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self._shared = None                     # (positions, cos, sin) inside ``shared_angles``
 
     def _apply(self, fn, recurse: bool = True):
         """``.to(device, dtype)``, ``.cuda()``, ``.bfloat16()``: move ``inv_freq``, never round it.
@@ -392,6 +397,37 @@ class RotaryEmbedding(nn.Module):
         if self.attention_scaling == 1.0:
             return angles.cos(), angles.sin()
         return angles.cos() * self.attention_scaling, angles.sin() * self.attention_scaling
+
+    @contextmanager
+    def shared_angles(self, positions: Tensor, dtype: torch.dtype = torch.float32):
+        """Compute cos and sin of ``positions`` once, for every ``rope(x, positions)`` inside the ``with``.
+
+        A decoder's layers all call the same module twice (q, then k) with the same positions;
+        inside the block, a call with this very ``positions`` tensor reuses the angles
+        computed here instead of computing its own. Any other positions, or x of another
+        precision, get their own cos and sin, exactly as outside the block::
+
+            positions = torch.arange(past, past + T)               # (T,)
+            with rope.shared_angles(positions):                    # cos, sin: computed here, once
+                for block in blocks:
+                    x = block(x, positions=positions)              # rope(q, positions), rope(k, positions)
+
+        Args:
+            positions: (T,) or (B, T) integer positions, the tensor the layers will pass.
+            dtype: the precision of the angles, float32 (float64 for float64 x).
+
+        Yields:
+            (cos, sin), each (T, d/2) or (B, T, d/2).
+        """
+        if not isinstance(positions, Tensor) or positions.is_floating_point() or positions.dtype == torch.bool:
+            got = f"dtype {positions.dtype}" if isinstance(positions, Tensor) else type(positions).__name__
+            raise ValueError(f"positions must be an integer tensor (e.g. torch.long), got {got}")
+        cos, sin = self.cos_sin(positions, dtype)
+        outer, self._shared = self._shared, (positions, cos, sin)
+        try:
+            yield cos, sin
+        finally:
+            self._shared = outer
 
     def _check(self, x: Tensor, positions: Tensor) -> None:
         if not isinstance(x, Tensor) or x.dim() < 2 or not x.is_floating_point():
@@ -428,7 +464,11 @@ class RotaryEmbedding(nn.Module):
             positions = torch.arange(x.shape[-2], device=x.device)
         self._check(x, positions)
         dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
-        cos, sin = self.cos_sin(positions.to(x.device), dtype)            # (T, d/2) or (B, T, d/2)
+        shared = self._shared
+        if shared is not None and positions is shared[0] and shared[1].dtype == dtype:
+            cos, sin = shared[1:]                                         # from ``shared_angles``
+        else:
+            cos, sin = self.cos_sin(positions.to(x.device), dtype)        # (T, d/2) or (B, T, d/2)
         if positions.dim() == 2:                                          # (B, T, d/2) -> (B, 1, .., T, d/2)
             cos = cos.reshape(cos.shape[0], *[1] * (x.dim() - 3), *cos.shape[1:])
             sin = sin.reshape(cos.shape)

@@ -79,6 +79,23 @@ def test_redraws_in_place_and_match_a_fresh_full_draw(widget):
     assert widget.last_ms > 0
 
 
+def test_redraws_through_the_base_class_and_its_static_copy(widget):
+    """HeatmapWidget.update blits ExplorerView's changing artists; static_figure draws a full copy."""
+    assert type(widget).png is HeatmapWidget.png and type(widget).update is not HeatmapWidget.update
+    assert widget.dynamic_artists() == widget.view.dynamic and widget._background is not None
+    background = widget._background
+    widget.head.value = 3
+    assert widget._background is background                     # the static rest is not redrawn
+    widget.text.value = "The dog barked"
+    assert widget._background is not background and widget.view.fig is widget.figure
+    fig = widget.static_figure()                                 # a pyplot copy with titles in the figure
+    assert widget.view.fig is widget.figure and fig is not widget.figure
+    assert "head 3" in fig._suptitle.get_text() and fig._suptitle.get_text().startswith("all-MiniLM")
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+
+
 def test_own_sentence_reruns_the_model_and_keeps_the_query_token(widget):
     widget.query.value = widget.maps.tokens.index("cat")
     widget.text.value = "Unbelievably, the cat ignored the dog"

@@ -1,6 +1,8 @@
-"""The tiny decoder: cached == uncached, RoPE positions through the cache, GQA conversion, the shipped weights."""
+"""The tiny decoder: against a hand-written forward, cached == uncached, RoPE positions through the cache,
+RoPE angles once per forward, GQA conversion, the shipped weights."""
 
 import json
+import math
 
 import pytest
 import torch
@@ -41,6 +43,107 @@ def _chunks(ids, sizes):
     if start < ids.shape[1]:
         out.append(ids[:, start:])
     return out
+
+
+# ---------------------------------------------------------------- against a hand-written forward
+def reference_forward(model, ids):
+    """The decoder written out from its formulas: RoPE by its angles m theta_i, explicit causal softmax.
+
+    Only the norms, the MLPs and the weight matrices are taken from ``model``.
+    Returns logits (B, T, V) and [weights (B, h, T, T)] * n_layers.
+    """
+    c = model.config
+    B, T = ids.shape
+    h, h_kv, dk = c.n_heads, c.n_kv_heads, c.head_dim
+    theta = c.rope_base ** (-torch.arange(0, dk, 2, dtype=torch.float64) / dk)      # (dk/2,)
+    angles = torch.arange(T, dtype=torch.float64)[:, None] * theta                 # (T, dk/2): m theta_i
+    cos, sin = angles.cos().to(model.embed.weight.dtype), angles.sin().to(model.embed.weight.dtype)
+
+    def rotate(t):                                          # (B, heads, T, dk): pairs (i, i + dk/2)
+        a, b = t[..., : dk // 2], t[..., dk // 2:]
+        return torch.cat([a * cos - b * sin, a * sin + b * cos], dim=-1)
+
+    future = torch.ones(T, T, dtype=torch.bool).triu(1)
+    x = model.embed.weight[ids]                                                    # (B, T, d)
+    all_weights = []
+    for block in model.blocks:
+        attn, u = block.attn, block.norm1(x)
+        q = (u @ attn.q_proj.weight.T).view(B, T, h, dk).transpose(1, 2)           # (B, h, T, dk)
+        k = (u @ attn.k_proj.weight.T).view(B, T, h_kv, dk).transpose(1, 2)        # (B, h_kv, T, dk)
+        v = (u @ attn.v_proj.weight.T).view(B, T, h_kv, dk).transpose(1, 2)
+        q, k = rotate(q), rotate(k)
+        k, v = k.repeat_interleave(h // h_kv, dim=1), v.repeat_interleave(h // h_kv, dim=1)
+        scores = (q @ k.transpose(-2, -1) / math.sqrt(dk)).masked_fill(future, float("-inf"))
+        weights = scores.softmax(dim=-1)                                           # (B, h, T, T)
+        y = (weights @ v).transpose(1, 2).reshape(B, T, c.d_model) @ attn.out_proj.weight.T
+        x = x + y
+        x = x + block.mlp(block.norm2(x))
+        all_weights.append(weights)
+    return model.norm(x) @ model.embed.weight.T, all_weights
+
+
+@pytest.mark.parametrize("n_kv_heads", [4, 2, 1])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_logits_and_weights_match_a_hand_written_forward(n_kv_heads, dtype):
+    model = _model(4, n_layers=3, n_kv_heads=n_kv_heads, d_model=32).to(dtype)
+    ids = torch.randint(0, 11, (2, 13), generator=torch.Generator().manual_seed(2))
+    tol = dict(atol=1e-5, rtol=1e-4) if dtype == torch.float32 else dict(atol=1e-10, rtol=1e-8)
+    with torch.no_grad():
+        expected_logits, expected_weights = reference_forward(model, ids)
+        logits, weights = model(ids, need_weights=True)
+        plain = model(ids)                                             # the flag changes no logit
+    torch.testing.assert_close(logits, expected_logits, **tol)
+    torch.testing.assert_close(plain, expected_logits, **tol)
+    assert len(weights) == 3
+    for ours, theirs in zip(weights, expected_weights, strict=True):
+        assert ours.shape == (2, 4, 13, 13)
+        torch.testing.assert_close(ours, theirs, **tol)
+
+
+def test_weights_through_the_cache_are_rows_of_the_full_weights():
+    model = _model(6, n_kv_heads=2)
+    ids = torch.randint(0, 11, (2, 10), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        _, full = model(ids, need_weights=True)                        # n_layers x (B, h, 10, 10)
+        caches = model.new_caches(2, 10)
+        _, prefill = model(ids[:, :6], caches=caches, need_weights=True)
+        steps = [model(ids[:, t:t + 1], caches=caches, need_weights=True)[1] for t in range(6, 10)]
+    for layer in range(2):
+        torch.testing.assert_close(prefill[layer], full[layer][:, :, :6, :6])
+        for t, step in zip(range(6, 10), steps, strict=True):
+            assert step[layer].shape == (2, 4, 1, t + 1)                # one query, every key so far
+            torch.testing.assert_close(step[layer], full[layer][:, :, t:t + 1, :t + 1])
+
+
+def test_rope_angles_are_computed_once_per_forward(monkeypatch):
+    model = _model(8, n_layers=3)
+    calls = []
+    cos_sin = model.rope.cos_sin
+    monkeypatch.setattr(model.rope, "cos_sin", lambda *a, **kw: calls.append(1) or cos_sin(*a, **kw))
+    ids = torch.randint(0, 11, (1, 7), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        model(ids)
+        assert len(calls) == 1                                         # not 2 per layer (q and k)
+        model.generate(ids, 3)
+    assert len(calls) == 1 + 3                                         # prefill and two decode steps, + the first
+    assert model.rope._shared is None                                  # nothing kept after the forward
+
+
+def test_shared_angles_give_the_same_outputs_as_rope_in_every_layer():
+    """The old path: each attention computes its own cos and sin (the blocks called without shared angles)."""
+    model = _model(9, n_layers=3, n_kv_heads=2)
+    ids = torch.randint(0, 11, (2, 12), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        x = model.embed(ids)
+        for block in model.blocks:
+            x, _ = block(x)                                            # rope(q, arange(T)) per layer
+        per_layer = model.lm_head(model.norm(x))
+        caches = model.new_caches(2, 12)
+        cached = torch.cat([model(ids[:, :8], caches=caches), *(model(ids[:, t:t + 1], caches=caches)
+                                                                  for t in range(8, 12))], dim=1)
+        shared = model(ids)
+    torch.testing.assert_close(shared, per_layer, atol=0, rtol=0)        # the same cos and sin, bit for bit
+    torch.testing.assert_close(cached, per_layer, atol=1e-5, rtol=1e-4)
 
 
 # ---------------------------------------------------------------- cache equivalence
@@ -228,3 +331,12 @@ def test_load_errors_name_the_missing_file(tmp_path):
     with pytest.raises(ValueError, match="no tokenizer"):
         _model().complete("ab", 2)
     assert isinstance(_model().new_caches(2)[0], KVCache)
+
+
+def test_decode_benchmark_command_line_runs(capsys):
+    from selfattn_lite import bench_decode
+
+    result = bench_decode.main(["--prompt", "8", "--new", "4", "--repeat", "2"])
+    assert (result["prompt"], result["new"]) == (8, 4) and result["seconds"] > 0
+    out = capsys.readouterr().out
+    assert out.count("prompt 8 + 4 generated") == 2 and "best of 2" in out

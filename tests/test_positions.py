@@ -491,6 +491,38 @@ def test_batched_positions_and_cache_decoding():
     torch.testing.assert_close(rope(x[0, 0], torch.arange(10)), full[0, 0])     # (T, d) input
 
 
+def test_shared_angles_are_reused_only_for_their_own_positions(monkeypatch):
+    """Inside ``shared_angles(p)``, rope(x, p) reuses cos and sin (same values); other calls compute their own."""
+    rope = RotaryEmbedding(8, scaling={"kind": "yarn", "factor": 2.0, "original_max_len": 16})
+    x = torch.randn(2, 3, 5, 8)                                          # (B, h, T, d)
+    positions, other = torch.arange(4, 9), torch.arange(4, 9)           # equal values, another tensor
+    plain = rope(x, positions)
+    calls = []
+    cos_sin = rope.cos_sin
+    monkeypatch.setattr(rope, "cos_sin", lambda *a, **kw: calls.append(a[0]) or cos_sin(*a, **kw))
+    with rope.shared_angles(positions) as (cos, sin):
+        assert len(calls) == 1 and cos.shape == sin.shape == (5, 4)
+        torch.testing.assert_close(rope(x, positions), plain, atol=0, rtol=0)
+        torch.testing.assert_close(rope(x[:, :1], positions), plain[:, :1], atol=0, rtol=0)   # k after q
+        assert len(calls) == 1                                           # reused, twice
+        torch.testing.assert_close(rope(x, other), plain, atol=0, rtol=0)
+        torch.testing.assert_close(rope(x, positions + 1), RotaryEmbedding(8, scaling=rope.scaling)(x, other + 1))
+        torch.testing.assert_close(rope(x.double(), positions), plain.double(), atol=1e-6, rtol=1e-5)
+        assert len(calls) == 4                                           # the other tensor, values, dtype
+        with rope.shared_angles(other):                                  # nested: one call for the inner angles,
+            rope(x, other)                                               # reused here,
+            rope(x, positions)                                           # the outer ones unseen inside
+        assert len(calls) == 6
+        rope(x, positions)
+        assert len(calls) == 6                                           # and restored after it
+    assert rope._shared is None
+    rope(x, positions)
+    assert len(calls) == 7
+    with pytest.raises(ValueError, match="positions must be an integer tensor.*torch.float32"):
+        with rope.shared_angles(torch.arange(5.0)):
+            pass
+
+
 def test_half_precision_in_and_out():
     x = torch.randn(2, 4, 6, 16)
     rope = RotaryEmbedding(16)

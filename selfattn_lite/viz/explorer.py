@@ -6,19 +6,17 @@ on one query token and its row is outlined, its strongest keys written in the ce
 and listed under the figure.
 
 ``draw_explorer`` makes the static figure (for GitHub/nbviewer); ``AttentionExplorer``
-is the widget. The widget builds the figure once per sentence and afterwards only
-swaps image data, frames and labels, so a control change costs one render and one
-PNG encode (well under 100 ms for 32 tokens on a laptop CPU).
+is the widget. Through ``HeatmapWidget``'s blitting (``refresh`` + ``dynamic_artists``) it
+builds the figure once per sentence and afterwards only swaps image data, frames and
+labels, so a control change costs one render of those artists and one PNG encode.
 """
 
 from __future__ import annotations
 
 import html
-import io
 import math
 import time
 
-import numpy as np
 import torch
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
@@ -202,7 +200,7 @@ class AttentionExplorer(HeatmapWidget):
             from ..explore import explore as run
         self.run = run
         self.maps = run(text)
-        self.view = self._background = None
+        self.view: ExplorerView | None = None      # None: the figure is (re)built at the next update
         self._quiet = False
         self.last_ms = float("nan")
         maps = self.maps
@@ -265,37 +263,30 @@ class AttentionExplorer(HeatmapWidget):
         self.figure.set_size_inches(*_figsize(len(maps.tokens)))
         self.update()
 
+    def _show(self, view: ExplorerView) -> None:
+        view.show(self.layer.value, self.head.value, self.query.value, self.average.value)
+
     def draw(self, fig: Figure) -> None:
-        self.view = ExplorerView(fig, self.maps, animated=True)
-        self._background = None
-        self.view.show(self.layer.value, self.head.value, self.query.value, self.average.value)
+        """Build the view for the current text; in the widget's own figure it is kept and blitted."""
+        view = ExplorerView(fig, self.maps, animated=fig is self.figure)
+        self._show(view)
+        if fig is self.figure:
+            self.view = view
 
-    def png(self) -> bytes:
-        """Blit: restore the static background, draw only the changing artists, encode the pixels."""
-        from PIL import Image
+    def refresh(self, fig: Figure) -> bool:
+        """The same text: only the data, frames and labels change (False: a new text, draw it again)."""
+        if self.view is None:
+            return False
+        self._show(self.view)
+        return True
 
-        canvas = self.figure.canvas
-        if self._background is None:
-            canvas.draw()                                   # everything static, once per text
-            self._background = canvas.copy_from_bbox(self.figure.bbox)
-        canvas.restore_region(self._background)
-        for artist in self.view.dynamic:
-            self.figure.draw_artist(artist)
-        buffer = io.BytesIO()
-        rgb = np.asarray(canvas.buffer_rgba())[..., :3]
-        Image.fromarray(rgb).save(buffer, format="png", compress_level=1)   # fast deflate
-        return buffer.getvalue()
+    def dynamic_artists(self) -> list:
+        return self.view.dynamic
 
     def update(self) -> None:
-        """Re-draw in place: the figure is rebuilt only for a new text, otherwise only data changes."""
+        """Re-draw through ``HeatmapWidget.update``, then the header and caption under the controls."""
         start = time.perf_counter()
-        if self.view is None:
-            self.figure.clear()
-            self.draw(self.figure)
-        else:
-            self.view.show(self.layer.value, self.head.value, self.query.value, self.average.value)
-        self.image.value = self.png()
-        self.renders += 1
+        super().update()
         self.header.value = f"<b>{html.escape(self.view.header)}</b>"
         self.status.value = html.escape(self.view.caption)
         self.last_ms = (time.perf_counter() - start) * 1e3

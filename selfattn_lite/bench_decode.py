@@ -1,0 +1,75 @@
+"""Decode speed of the shipped tiny decoder: tokens per second of greedy generation with a KV cache.
+
+    python -m selfattn_lite.bench_decode                 # prompt 256 + 256 generated, on the CPU
+    python -m selfattn_lite.bench_decode --prompt 128 --new 128 --device cuda --repeat 5
+
+The prompt is the first ``prompt`` characters of the shipped held-out text; ``generate`` runs
+once to warm up, then once timed (prefill + decode). Speed = generated tokens / seconds.
+On a shared machine one run varies a lot: ``--repeat`` times it again and prints each run
+and the best.
+
+Like the other benchmark modules, the command line restarts itself once with
+``OMP_WAIT_POLICY=PASSIVE`` unless it is set (idle OpenMP threads then sleep instead of
+spinning on a shared machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import torch
+
+from . import bench
+from .models import TinyDecoder, load_text, load_tiny_decoder, split_text
+
+__all__ = ["decode_speed", "main"]
+
+
+def decode_speed(model: TinyDecoder, prompt_len: int = 256, new_tokens: int = 256) -> dict:
+    """Time one greedy ``generate`` of ``new_tokens`` after a ``prompt_len``-token prompt (after one warm-up).
+
+    Returns:
+        {"prompt": prompt_len, "new": new_tokens, "seconds": wall time, "tokens_per_s": new / seconds}.
+    """
+    device = model.embed.weight.device
+    _, held_out = split_text(load_text())
+    ids = model.tokenizer.encode(held_out[:prompt_len]).to(device)        # (T,)
+    model.generate(ids, new_tokens)                                       # warm-up
+    bench._sync(device)
+    start = time.perf_counter()
+    model.generate(ids, new_tokens)
+    bench._sync(device)
+    seconds = time.perf_counter() - start
+    return {"prompt": prompt_len, "new": new_tokens, "seconds": seconds, "tokens_per_s": new_tokens / seconds}
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prompt", type=int, default=256, help="prompt length in tokens (default 256)")
+    parser.add_argument("--new", type=int, default=256, help="tokens to generate (default 256)")
+    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    parser.add_argument("--repeat", type=int, default=1, help="timed runs (default 1); prints each and the best")
+    parser.add_argument("--keep-omp-policy", action="store_true",
+                        help="do not restart with OMP_WAIT_POLICY=PASSIVE when it is unset")
+    args = parser.parse_args(argv)
+    if argv is None and "OMP_WAIT_POLICY" not in os.environ and not args.keep_omp_policy:
+        # OpenMP reads this when torch loads, so restart once with it set
+        env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
+        os.execve(sys.executable, [sys.executable, "-m", "selfattn_lite.bench_decode", *sys.argv[1:]], env)
+    model = load_tiny_decoder(device=args.device)
+    where = f"{bench.device_name(torch.device(args.device))}, {torch.get_num_threads()} threads"
+    runs = [decode_speed(model, args.prompt, args.new) for _ in range(max(args.repeat, 1))]
+    for r in runs:
+        print(f"{where}: prompt {r['prompt']} + {r['new']} generated in {r['seconds']:.3f} s = "
+              f"{r['tokens_per_s']:.1f} tokens/s")
+    best = max(runs, key=lambda r: r["tokens_per_s"])
+    if len(runs) > 1:
+        print(f"best of {len(runs)}: {best['tokens_per_s']:.1f} tokens/s")
+    return best
+
+
+if __name__ == "__main__":
+    main()
