@@ -20,8 +20,8 @@ The targets (issue 14), at n = 4096, B = 1, h = 8, dk = 64, float32 on CPU: the 
 peak memory at most 1/8 of explicit attention's, its time within 3x of SDPA's. Run as a script,
 the benchmark checks them and says PASSED or FAILED; no test times anything.
 
-Like ``bench_efficient``, the command line restarts itself once with ``OMP_WAIT_POLICY=PASSIVE``
-unless it is set (idle OpenMP threads then sleep instead of spinning on a shared machine).
+As everywhere in the package, ``OMP_WAIT_POLICY`` is PASSIVE unless set otherwise (idle OpenMP
+threads then sleep instead of spinning on a shared machine).
 """
 
 from __future__ import annotations

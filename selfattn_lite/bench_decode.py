@@ -8,17 +8,13 @@ once to warm up, then once timed (prefill + decode). Speed = generated tokens / 
 On a shared machine one run varies a lot: ``--repeat`` times it again and prints each run
 and the best.
 
-Like the other benchmark modules, the command line restarts itself once with
-``OMP_WAIT_POLICY=PASSIVE`` unless it is set (idle OpenMP threads then sleep instead of
-spinning on a shared machine).
+As everywhere in the package, ``OMP_WAIT_POLICY`` is PASSIVE unless set otherwise (idle OpenMP
+threads sleep instead of spinning on a shared machine; see ``selfattn_lite/__init__.py``).
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import sys
-import time
 
 import torch
 
@@ -37,12 +33,9 @@ def decode_speed(model: TinyDecoder, prompt_len: int = 256, new_tokens: int = 25
     device = model.embed.weight.device
     _, held_out = split_text(load_text())
     ids = model.tokenizer.encode(held_out[:prompt_len]).to(device)        # (T,)
-    model.generate(ids, new_tokens)                                       # warm-up
-    bench._sync(device)
-    start = time.perf_counter()
-    model.generate(ids, new_tokens)
-    bench._sync(device)
-    seconds = time.perf_counter() - start
+    # the first call apart (the warm-up), then one sample of one call
+    seconds = bench.time_stats(lambda: model.generate(ids, new_tokens), device=device, warmup=0,
+                               repeat=1, number=1).median
     return {"prompt": prompt_len, "new": new_tokens, "seconds": seconds, "tokens_per_s": new_tokens / seconds}
 
 
@@ -52,13 +45,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--new", type=int, default=256, help="tokens to generate (default 256)")
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     parser.add_argument("--repeat", type=int, default=1, help="timed runs (default 1); prints each and the best")
-    parser.add_argument("--keep-omp-policy", action="store_true",
-                        help="do not restart with OMP_WAIT_POLICY=PASSIVE when it is unset")
     args = parser.parse_args(argv)
-    if argv is None and "OMP_WAIT_POLICY" not in os.environ and not args.keep_omp_policy:
-        # OpenMP reads this when torch loads, so restart once with it set
-        env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
-        os.execve(sys.executable, [sys.executable, "-m", "selfattn_lite.bench_decode", *sys.argv[1:]], env)
     model = load_tiny_decoder(device=args.device)
     where = f"{bench.device_name(torch.device(args.device))}, {torch.get_num_threads()} threads"
     runs = [decode_speed(model, args.prompt, args.new) for _ in range(max(args.repeat, 1))]

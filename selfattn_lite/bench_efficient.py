@@ -13,12 +13,12 @@ the same minute of the same machine. Peak memory comes from ``efficient.peak_mem
 The performance targets (issue 7), checked at n = 4096, B = 1, h = 8, dk = 64, float32 on CPU:
 the tiled version's peak memory at most 1/8 of explicit attention's, its time within 2x of SDPA.
 
-The command line sets ``OMP_WAIT_POLICY=PASSIVE`` for itself (restarting once) unless it is already
-set or ``--keep-omp-policy`` is given. With OpenMP's default, torch's idle CPU threads spin while they
-wait for a sibling; on a machine shared with other jobs that sibling is often descheduled, and a
-kernel made of many small ops (the tiled one, ~7 parallel regions per tile) loses far more time to
-it than one fused op (SDPA): measured on this course's shared 2-core machine at load ~3, tiled/SDPA
-went from 1.3x to 12x. The JSON records the setting and the load average.
+Importing ``selfattn_lite`` sets ``OMP_WAIT_POLICY=PASSIVE`` before torch loads OpenMP, unless it is
+already set (``OMP_WAIT_POLICY=ACTIVE`` keeps OpenMP spinning). With OpenMP's default, torch's idle
+CPU threads spin while they wait for a sibling; on a machine shared with other jobs that sibling is
+often descheduled, and a kernel made of many small ops (the tiled one, ~7 parallel regions per tile)
+loses far more time to it than one fused op (SDPA): measured on this course's shared 2-core machine
+at load ~3, tiled/SDPA went from 1.3x to 12x. The JSON records the setting and the load average.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ import json
 import os
 import platform
 import statistics
-import sys
 from pathlib import Path
 
 import torch
@@ -266,13 +265,7 @@ def command_line(module: str, description: str, run, argv=None, *, what: str = "
     parser.add_argument("--device", default=None, help="cpu or cuda (default: the best present)")
     parser.add_argument("--ns", type=int, nargs="*", default=None, help="sequence lengths (default by device)")
     parser.add_argument("--no-targets", action="store_true", help="skip the n=4096 CPU target check")
-    parser.add_argument("--keep-omp-policy", action="store_true",
-                        help="do not restart with OMP_WAIT_POLICY=PASSIVE when it is unset")
     args = parser.parse_args(argv)
-    if argv is None and "OMP_WAIT_POLICY" not in os.environ and not args.keep_omp_policy:
-        # OpenMP reads this when torch loads, so restart once with it set (see the module docstring)
-        env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
-        os.execve(sys.executable, [sys.executable, "-m", module, *sys.argv[1:]], env)
     result = run(args.out, device=args.device, ns=args.ns, targets=not args.no_targets)
     for r in result["records"]:
         mem = "-" if r["peak_mib"] is None else f"{r['peak_mib']:.1f}"
