@@ -1,20 +1,13 @@
-"""`make student` writes valid notebooks without solutions, and they run top to bottom."""
+"""`make student` writes valid notebooks without solutions; their exercises run and say "Not attempted yet"."""
 
 import ast
 import shutil
-from pathlib import Path
 
 import nbformat
 import pytest
+from helpers import NOTEBOOKS, ROOT, tags
 
 from selfattn_lite.student import build
-
-ROOT = Path(__file__).resolve().parent.parent
-NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
-
-
-def tags(cell):
-    return cell.get("metadata", {}).get("tags", [])
 
 
 @pytest.fixture(scope="module")
@@ -66,9 +59,21 @@ def used_names(source: str) -> set[str]:
     return {n.id for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
 
 
-def is_timing(cell) -> bool:
-    """A timing or benchmark cell: its output is machine-dependent (nbval ignores it), its code is the teacher's."""
-    return cell.cell_type == "code" and "nbval-ignore-output" in tags(cell)
+def is_exercise(cell) -> bool:
+    """An exercise stub, or a cell that calls its checker (``check``, the notebook's exercises module)."""
+    return "exercise" in tags(cell) or "check" in used_names(cell.source)
+
+
+def exercise_slice(cells: list) -> list:
+    """The code cells an exercise needs: its stub and checker cells, and every earlier cell that
+    defines a name one of them (or another kept cell) uses, back to the setup and import cells."""
+    code = [c for c in cells if c.cell_type == "code"]
+    keep, needed = [], set()
+    for i, cell in reversed(list(enumerate(code))):
+        if i == 0 or is_exercise(cell) or defined_names(cell.source) & needed:
+            keep.append(cell)
+            needed |= used_names(cell.source)
+    return keep[::-1]
 
 
 def test_no_student_cell_needs_a_name_only_a_solution_defines():
@@ -89,20 +94,33 @@ def test_the_name_check_catches_a_cell_that_needs_a_solution():
     assert {"attention", "print"} <= used_names("print(attention(1, 2, 3))")
 
 
+def test_the_exercise_slice_keeps_what_the_checkers_need_and_drops_the_rest():
+    cells = [nbformat.v4.new_code_cell(src) for src in (
+        "import os",                                         # the setup cell: always kept
+        "import torch\nfrom selfattn_lite.exercises import nb01 as check",
+        "x = torch.ones(3)",
+        "slow = sum(range(10**8))",                          # nothing below needs it
+        "def f(q):\n    raise NotImplementedError",
+        "check.check_f(f, x)")]
+    cells[4].metadata["tags"] = ["exercise"]
+    assert [c.source for c in exercise_slice(cells)] == [cells[i].source for i in (0, 1, 2, 4, 5)]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", [p.name for p in NOTEBOOKS])
 def test_student_notebook_runs_and_reports_not_attempted(student_dir, name):
-    """Every cell but the timing cells runs in a fresh kernel; each checker says "Not attempted yet".
+    """The exercises of the student notebook, run in a fresh kernel, each say "Not attempted yet".
 
-    Timing cells are the teacher's code unchanged, executed by nbval in the teacher notebook, and
-    the name check above shows none of them needs a solution; running them twice would only double
-    the suite's time.
+    What runs is ``exercise_slice``: the stubs, their checkers and every cell they depend on by name.
+    The cells left out are the teacher's code unchanged, executed by nbval in the teacher notebook,
+    and ``test_no_student_cell_needs_a_name_only_a_solution_defines`` shows none of them needs a
+    solution; running them twice would only double the suite's time.
     """
     from nbclient import NotebookClient
 
     nb = nbformat.read(student_dir / name, as_version=4)
-    nb.cells = [c for c in nb.cells if not is_timing(c)]
+    exercises = sum("exercise" in tags(c) for c in nb.cells)
+    nb.cells = exercise_slice(nb.cells)
     NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(student_dir)}}).execute()
     printed = "".join(o.get("text", "") for c in nb.cells for o in c.get("outputs", []) if c.cell_type == "code")
-    exercises = sum("exercise" in tags(c) for c in nb.cells)
     assert printed.count("Not attempted yet") == exercises >= 1     # one report per exercise, none crashed
