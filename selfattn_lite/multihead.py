@@ -99,7 +99,8 @@ class MultiHeadAttention(nn.Module):
                 (keys (B, S, kdim), values (B, S, vdim)); None = self-attention.
             key_padding_mask: (B, S) bool, True = padding (ignored key); or float, added.
                 With a kv_cache, S counts the cached keys too.
-            attn_mask: broadcastable to (B, h, L, S); bool True = may attend, or float added.
+            attn_mask: broadcastable to (B, h, L, S), or (B*h, L, S) as in ``nn.MultiheadAttention``;
+                bool True = may attend, or float added.
             kv_cache: object with ``len(cache)`` and ``update(k, v) -> (k_all, v_all)``;
                 the new k, v (B, n_kv_heads, L, head_dim) are appended and attention runs
                 over everything stored. The causal mask is then aligned bottom-right.
@@ -220,6 +221,8 @@ class MultiHeadAttention(nn.Module):
         a bool mask (True = may attend) when every part is bool, else an additive float mask.
         """
         if attn_mask is not None:
+            if isinstance(attn_mask, Tensor) and attn_mask.shape == (B * self.n_heads, L, S):
+                attn_mask = attn_mask.view(B, self.n_heads, L, S)        # nn.MultiheadAttention's (B*h, L, S)
             validate_mask(attn_mask, torch.Size((B, self.n_heads, L, S)))
         if key_padding_mask is not None:
             check_tensor("key_padding_mask", key_padding_mask)

@@ -268,6 +268,9 @@ def test_from_torch_matches_nn_multihead_attention(B, L, S, h, hd, batch_first, 
     torch.testing.assert_close(y_o, y_t, **TOL)
     torch.testing.assert_close(y_f, y_t, **TOL)
     torch.testing.assert_close(w_o.mean(1), w_t, **TOL)                 # torch averages over heads
+    if mask_kind == "per_head":                                         # torch's (B*h, L, S) form works too
+        y_3d, _ = ours(layout(x), context, key_padding_mask=kpm, attn_mask=our_mask.reshape(B * h, L, S))
+        torch.testing.assert_close(y_3d, y_t, **TOL)
 
 
 def test_from_torch_without_weights_fast_path_and_no_grad():
