@@ -31,6 +31,7 @@ from torch import Tensor, nn
 
 from ._checks import check_int, shape_str
 from .kv_cache import KVCache
+from .masks import to_additive
 from .multihead import MultiHeadAttention
 from .positions import RotaryEmbedding, alibi_bias, validate_scaling
 
@@ -284,7 +285,7 @@ class TinyDecoder(nn.Module):
                                  f"got min {low}, max {high}")
         return ids
 
-    def forward(self, ids: Tensor, caches: list[KVCache] | None = None, *,
+    def forward(self, ids: Tensor, caches: list[KVCache] | None = None, *, attn_mask: Tensor | None = None,
                 need_weights: bool = False) -> Tensor | tuple[Tensor, list[Tensor]]:
         """Next-token logits for every position (and, when asked, every layer's attention weights).
 
@@ -296,6 +297,8 @@ class TinyDecoder(nn.Module):
                 see ``_check_ids``). With ``caches``, the T new tokens that follow the
                 len(caches[0]) tokens already stored (positions continue from there).
             caches: None (attend among ``ids`` only) or one ``KVCache`` per layer.
+            attn_mask: optional (T, S) bool mask, True = may attend, ANDed with the causal mask in
+                every layer (S = len(cache) + T), e.g. ``masks.sink_window_mask`` (notebook 13).
             need_weights: also return the attention weights of every layer, computed by
                 each layer's explicit attention (``MultiHeadAttention(need_weights=True)``).
 
@@ -316,6 +319,11 @@ class TinyDecoder(nn.Module):
         if self.config.position == "alibi":                   # (h, T, past + T): -m_h (i - j) where j <= i
             bias = alibi_bias(self.config.n_heads, T, past + T, device=x.device).to(x.dtype)
             bias = bias.expand(B, *bias.shape)                # (B, h, T, S): torch's fast CPU path wants 4-D
+        if attn_mask is not None:
+            if not isinstance(attn_mask, Tensor) or attn_mask.dtype != torch.bool or attn_mask.shape != (T, past + T):
+                got = f"{shape_str(attn_mask)} {attn_mask.dtype}" if isinstance(attn_mask, Tensor) else attn_mask
+                raise ValueError(f"attn_mask must be a ({T}, {past + T}) bool mask, got {got}")
+            bias = attn_mask if bias is None else bias + to_additive(attn_mask, bias.dtype)
         all_weights = []
         with self._rope_angles(positions, x.dtype):          # cos, sin of the T positions: once, for all layers
             for i, block in enumerate(self.blocks):

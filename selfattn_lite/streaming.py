@@ -24,7 +24,7 @@ __all__ = ["masked_logits", "sink_caches", "decode_logits", "window_loss", "firs
 def masked_logits(model, ids: Tensor, attn_mask: Tensor | None = None) -> Tensor:
     """The tiny decoder's logits with an extra (T, T) boolean mask ANDed with its causal mask.
 
-    The same blocks as ``TinyDecoder.forward``; positions 0 .. T-1 (keys keep their own).
+    ``model(ids, attn_mask=attn_mask)``: the model's own forward, positions 0 .. T-1 (keys keep their own).
 
     Args:
         model: a ``models.TinyDecoder``. ids: (B, T). attn_mask: (T, T) bool, True = may attend.
@@ -32,16 +32,7 @@ def masked_logits(model, ids: Tensor, attn_mask: Tensor | None = None) -> Tensor
     Returns:
         (B, T, vocab) logits.
     """
-    ids = model._check_ids(ids)
-    T = ids.shape[1]
-    if attn_mask is not None and (attn_mask.dtype != torch.bool or attn_mask.shape != (T, T)):
-        raise ValueError(f"attn_mask must be a ({T}, {T}) bool mask, got {tuple(attn_mask.shape)} {attn_mask.dtype}")
-    x = model.embed(ids)                                                  # (B, T, d)
-    for block in model.blocks:
-        y, _ = block.attn(block.norm1(x), attn_mask=attn_mask)
-        x = x + y
-        x = x + block.mlp(block.norm2(x))
-    return model.lm_head(model.norm(x))                                   # (B, T, V)
+    return model(ids, attn_mask=attn_mask)
 
 
 def sink_caches(model, batch: int, *, window: int, n_sink: int = 0) -> list[SinkKVCache]:

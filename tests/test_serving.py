@@ -259,3 +259,15 @@ def test_streaming_helpers_on_the_tiny_decoder():
     assert streaming.window_loss(model, ids, window=60) == pytest.approx(full, rel=1e-5)   # window covers all
     with pytest.raises(ValueError, match=r"attn_mask must be a \(61, 61\) bool mask"):
         streaming.masked_logits(model, ids, torch.ones(5, 5, dtype=torch.bool))
+
+
+def test_an_alibi_decoder_takes_a_mask_next_to_its_bias():
+    from selfattn_lite.models import DATA_DIR, load_tiny_decoder
+
+    model = load_tiny_decoder(DATA_DIR / "tiny_decoder_alibi.safetensors", DATA_DIR / "tiny_decoder_alibi.json")
+    ids = torch.randint(0, model.config.vocab_size, (1, 40), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids, attn_mask=causal_mask(40)), model(ids))    # causal AND causal
+        windowed = model(ids, attn_mask=sink_window_mask(40, 0, 8))
+        torch.testing.assert_close(windowed[:, :8], model(ids)[:, :8])                  # inside the window
+        assert not torch.allclose(windowed[:, 8:], model(ids)[:, 8:])                 # beyond it
