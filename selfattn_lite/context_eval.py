@@ -118,24 +118,11 @@ def attention_entropy(model: TinyDecoder, windows: Tensor, last: int = 64) -> fl
         last: how many of the final query positions to average over.
     """
     rows = []
-
-    def ask_weights(module, args, kwargs):
-        return args, {**kwargs, "need_weights": True}
-
-    def keep_entropy(module, args, kwargs, output):
-        p = output[1][..., -last:, :].double()                        # (n, h, last, T)
-        rows.append(-(p * p.clamp_min(1e-300).log()).sum(-1).mean().item())
-
-    handles = []
-    for block in model.blocks:
-        handles.append(block.attn.register_forward_pre_hook(ask_weights, with_kwargs=True))
-        handles.append(block.attn.register_forward_hook(keep_entropy, with_kwargs=True))
-    try:
-        for window in windows:
-            model(window[None])
-    finally:
-        for handle in handles:
-            handle.remove()
+    for window in windows:
+        _, weights = model(window[None], need_weights=True)          # n_layers x (1, h, T, T)
+        for w in weights:
+            p = w[..., -last:, :].double()                             # (1, h, last, T)
+            rows.append(-(p * p.clamp_min(1e-300).log()).sum(-1).mean().item())
     return sum(rows) / len(rows)
 
 
