@@ -2,7 +2,7 @@
 
 Starts JupyterLab headless on the loopback interface (token, temporary copy of the
 notebook, settings and runtime files in a temporary folder), opens notebook 10 in
-Debian's Chromium through Playwright, runs every cell from the Run menu, then clicks
+a Chromium-family browser through Playwright, runs every cell from the Run menu, then clicks
 the explorer's layer and head buttons and checks that the heatmap image the page shows
 changes, and that the page logged no JavaScript error.
 
@@ -19,26 +19,17 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
 
+import helpers
 import pytest
-from helpers import ROOT
+from helpers import ROOT, browser_or_skip, find_browser, free_port
 
 NOTEBOOK = ROOT / "notebooks" / "10_attention_in_the_wild.ipynb"
-BROWSER_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
-MACOS_APPS = ("/Applications/Google Chrome.app/Contents/MacOS/Google Chrome",
-              "/Applications/Chromium.app/Contents/MacOS/Chromium")
-INSTALL_S = 300          # `playwright install chromium`, when there is a network
-HOW_TO_GET_ONE = (
-    "no Chromium-family browser found for the browser test. Get one with any of: "
-    "`python -m playwright install chromium` (downloads Playwright's Chromium; needs network), "
-    "`sudo apt-get install chromium` (Debian/Ubuntu), `brew install --cask chromium` or Google Chrome (macOS); "
-    "or point SELFATTN_BROWSER at a Chrome/Chromium executable.")
 SERVER_START_S = 90      # JupyterLab up and answering
 RUN_ALL_S = 300          # the whole notebook executed in the browser's kernel
 REDRAW_S = 30            # one control change shows a new image
@@ -51,71 +42,6 @@ IMAGE_DIGEST_JS = """async (img) => {
     const digest = await crypto.subtle.digest("SHA-256", bytes);
     return [bytes.byteLength, Array.from(new Uint8Array(digest)).map(b => b.toString(16).padStart(2, "0")).join("")];
 }"""
-
-
-def _playwright_cache_browser() -> str | None:
-    """The Chromium in Playwright's own cache (``playwright install chromium``), if it is there."""
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        return None
-    with sync_playwright() as p:
-        path = p.chromium.executable_path
-    return path if path and Path(path).is_file() else None
-
-
-def find_browser(env: dict | None = None) -> str | None:
-    """The path of a Chromium-family browser, or None.
-
-    Looks at $SELFATTN_BROWSER, then chromium / chromium-browser / google-chrome(-stable) on PATH,
-    then the macOS apps, then Playwright's browser cache.
-    """
-    env = os.environ if env is None else env
-    named = env.get("SELFATTN_BROWSER")
-    if named:
-        found = shutil.which(named, path=env.get("PATH")) or (named if Path(named).is_file() else None)
-        if found is None:
-            raise FileNotFoundError(f"SELFATTN_BROWSER={named!r} is not an executable file")
-        return found
-    for name in BROWSER_NAMES:
-        found = shutil.which(name, path=env.get("PATH"))
-        if found:
-            return found
-    for app in MACOS_APPS:
-        if Path(app).is_file():
-            return app
-    return _playwright_cache_browser()
-
-
-def browser_or_skip() -> str:
-    """find_browser(), else try `playwright install chromium`, else skip (or fail under SELFATTN_REQUIRE_BROWSER)."""
-    required = bool(os.environ.get("SELFATTN_REQUIRE_BROWSER"))
-    try:
-        import playwright  # noqa: F401
-    except ImportError:
-        message = "the browser test needs the playwright package: `pip install playwright`"
-        if required:
-            pytest.fail(f"SELFATTN_REQUIRE_BROWSER is set and {message}", pytrace=False)
-        pytest.skip(message)
-    found = find_browser()
-    if found is None:
-        try:
-            subprocess.run([sys.executable, "-m", "playwright", "install", "chromium"], check=True,
-                           timeout=INSTALL_S, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        except (subprocess.SubprocessError, OSError):
-            pass
-        found = find_browser()
-    if found is None:
-        if required:
-            pytest.fail(f"SELFATTN_REQUIRE_BROWSER is set and {HOW_TO_GET_ONE}", pytrace=False)
-        pytest.skip(HOW_TO_GET_ONE)
-    return found
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait_for_server(url: str, process: subprocess.Popen, log: Path) -> None:
@@ -143,7 +69,7 @@ def lab(tmp_path):
     settings.mkdir(parents=True)
     (settings / "notification.jupyterlab-settings").write_text(
         json.dumps({"fetchNews": "false", "checkForUpdates": False}))
-    port, token = _free_port(), os.urandom(16).hex()
+    port, token = free_port(), os.urandom(16).hex()
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                JUPYTER_CONFIG_DIR=str(tmp_path / "config"), JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"),
                JUPYTER_PLATFORM_DIRS="1")
@@ -279,12 +205,12 @@ def _fake_executable(folder: Path, name: str) -> Path:
 @pytest.fixture
 def nowhere(monkeypatch, tmp_path):
     """No macOS app and an empty Playwright cache, whatever this machine has."""
-    monkeypatch.setattr(sys.modules[__name__], "MACOS_APPS", (str(tmp_path / "no.app"),))
+    monkeypatch.setattr(helpers, "MACOS_APPS", (str(tmp_path / "no.app"),))
     monkeypatch.setenv("PLAYWRIGHT_BROWSERS_PATH", str(tmp_path / "empty-playwright-cache"))
     return tmp_path
 
 
-@pytest.mark.parametrize("name", BROWSER_NAMES)
+@pytest.mark.parametrize("name", helpers.BROWSER_NAMES)
 def test_find_browser_on_path(nowhere, name):
     fake = _fake_executable(nowhere / "bin", name)
     assert find_browser({"PATH": str(nowhere / "bin")}) == str(fake)
@@ -300,7 +226,7 @@ def test_find_browser_prefers_the_variable(nowhere):
 
 def test_find_browser_macos_app(nowhere, monkeypatch):
     app = _fake_executable(nowhere / "Google Chrome.app" / "Contents" / "MacOS", "Google Chrome")
-    monkeypatch.setattr(sys.modules[__name__], "MACOS_APPS", (str(app),))
+    monkeypatch.setattr(helpers, "MACOS_APPS", (str(app),))
     assert find_browser({"PATH": str(nowhere / "empty")}) == str(app)
 
 

@@ -2,7 +2,7 @@
 
 The fast tests check the pieces (notebook preparation, the syllabus page, the explorer's data
 encoding). The slow ones build the site once (Sphinx, committed outputs, nothing executed), serve it
-on the loopback interface, and open every page in Debian's Chromium through Playwright with every
+on the loopback interface, and open every page in Chromium (``helpers.find_browser``) through Playwright with every
 request that is not to the local server aborted and recorded: no request may fail, no console
 error, every image loaded, math typeset by the site's own MathJax, search answering; then the
 explorer page, over HTTP and as a local file, redraws when each control changes.
@@ -18,11 +18,10 @@ from pathlib import Path
 import nbformat
 import pytest
 import torch
-from helpers import NOTEBOOKS
+from helpers import NOTEBOOKS, browser_or_skip
 
 from selfattn_lite import badges, explorer_data, site
 
-CHROMIUM = "/usr/bin/chromium"
 PAGE_S = 60
 
 
@@ -91,10 +90,11 @@ def server(built):
 
 @pytest.fixture(scope="module")
 def browser():
+    executable = browser_or_skip()                     # before Playwright starts: it may ask Playwright itself
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"], headless=True)
+        chromium = p.chromium.launch(executable_path=executable, args=["--no-sandbox"], headless=True)
         yield chromium
         chromium.close()
 

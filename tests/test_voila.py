@@ -1,7 +1,7 @@
 """`make explorer`: the live explorer as a Voila app, used in Chromium as a reader would.
 
 Starts Voila on the loopback interface with apps/explorer.ipynb (settings and runtime files in a
-temporary folder), opens it in Debian's Chromium through Playwright with every request that is not
+temporary folder), opens it in Chromium (``helpers.find_browser``) through Playwright with every request that is not
 to the local server aborted, waits for the heatmap, types a sentence and presses Enter, and checks
 that the heatmap image changes, that the new tokens appear, and that nothing went to the network.
 """
@@ -9,17 +9,15 @@ that the heatmap image changes, that the new tokens appear, and that nothing wen
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 
 import pytest
-from helpers import ROOT
+from helpers import ROOT, browser_or_skip, free_port
 
 APP = ROOT / "apps" / "explorer.ipynb"
-CHROMIUM = "/usr/bin/chromium"
 START_S = 120        # Voila up, the notebook executed (the model loads) and the page shown
 REDRAW_S = 60
 
@@ -35,15 +33,9 @@ IMAGE_DIGEST_JS = """async (img) => {
 }"""
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def voila(tmp_path):
-    port = _free_port()
+    port = free_port()
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", JUPYTER_CONFIG_DIR=str(tmp_path / "config"),
                JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"), JUPYTER_PLATFORM_DIRS="1",
                PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
@@ -90,8 +82,9 @@ def test_typing_a_sentence_redraws_the_heatmap(voila):
             blocked.append(r.request.url)
             r.abort()
 
+    executable = browser_or_skip()                     # before Playwright starts: it may ask Playwright itself
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"], headless=True)
+        browser = p.chromium.launch(executable_path=executable, args=["--no-sandbox"], headless=True)
         try:
             page = browser.new_page(viewport={"width": 1300, "height": 1000})
             page.route("**/*", route)
