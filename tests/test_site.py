@@ -23,6 +23,7 @@ from helpers import NOTEBOOKS, browser_or_skip
 from selfattn_lite import badges, explorer_data, site
 
 PAGE_S = 60
+TABS = 6                 # pages loading at once
 
 
 # --------------------------------------------------------------------------- fast: the pieces
@@ -136,31 +137,39 @@ def test_every_page_reads_offline(built, server, browser):
     pages = _pages(built)
     assert {f"notebooks/{p.stem}.html" for p in NOTEBOOKS} <= set(pages) and "explorer.html" in pages
     with_math = 0
-    for name in pages:
-        tab = Offline(browser, server)
-        page = tab.page
-        page.goto(f"{server}/{name}", wait_until="load", timeout=PAGE_S * 1000)
-        has_math = page.locator("div.math, span.math").count() > 0
-        if has_math:   # MathJax (served by the site) typesets every formula, with no error node
-            page.wait_for_function("() => window.MathJax && MathJax.startup && MathJax.startup.promise",
-                                   timeout=PAGE_S * 1000)
-            page.evaluate("() => MathJax.startup.promise")
-            assert page.locator("mjx-container").count() >= page.locator("div.math, span.math").count(), name
-            assert page.locator("mjx-merror, merror").count() == 0, f"{name}: MathJax could not typeset a formula"
-        images = page.evaluate("""async () => {
-            const imgs = Array.from(document.images);
-            imgs.forEach(i => { i.loading = "eager"; });
-            await Promise.all(imgs.map(i => i.decode().catch(() => null)));
-            return imgs.map(i => [i.currentSrc || i.src, i.complete && i.naturalWidth > 0]);
-        }""")
-        broken = [src for src, ok in images if not ok]
-        assert not broken, f"{name}: images not loaded: {broken}"
-        if name.startswith("notebooks/"):
-            assert images, f"{name}: a notebook page without a figure"
-        with_math += has_math
-        tab.check(name)
-        page.close()
+    for batch in range(0, len(pages), TABS):            # a few tabs load at once; each is then checked alone
+        tabs = {name: Offline(browser, server) for name in pages[batch:batch + TABS]}
+        for name, tab in tabs.items():
+            tab.page.goto(f"{server}/{name}", wait_until="commit", timeout=PAGE_S * 1000)
+        for name, tab in tabs.items():
+            with_math += _check_page(tab, name)
     assert with_math >= 3, "MathJax was checked on fewer than 3 pages: is the math rendered as math?"
+
+
+def _check_page(tab: Offline, name: str) -> bool:
+    """Everything one page must do offline; True when it has math (typeset by MathJax)."""
+    page = tab.page
+    page.wait_for_load_state("load", timeout=PAGE_S * 1000)
+    has_math = page.locator("div.math, span.math").count() > 0
+    if has_math:   # MathJax (served by the site) typesets every formula, with no error node
+        page.wait_for_function("() => window.MathJax && MathJax.startup && MathJax.startup.promise",
+                               timeout=PAGE_S * 1000)
+        page.evaluate("() => MathJax.startup.promise")
+        assert page.locator("mjx-container").count() >= page.locator("div.math, span.math").count(), name
+        assert page.locator("mjx-merror, merror").count() == 0, f"{name}: MathJax could not typeset a formula"
+    images = page.evaluate("""async () => {
+        const imgs = Array.from(document.images);
+        imgs.forEach(i => { i.loading = "eager"; });
+        await Promise.all(imgs.map(i => i.decode().catch(() => null)));
+        return imgs.map(i => [i.currentSrc || i.src, i.complete && i.naturalWidth > 0]);
+    }""")
+    broken = [src for src, ok in images if not ok]
+    assert not broken, f"{name}: images not loaded: {broken}"
+    if name.startswith("notebooks/"):
+        assert images, f"{name}: a notebook page without a figure"
+    tab.check(name)
+    page.close()
+    return has_math
 
 
 @pytest.mark.slow
