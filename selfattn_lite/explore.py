@@ -7,8 +7,8 @@
 the weights into one number per head, so patterns (previous token, [SEP], "it" -> "cat")
 can be measured, not only looked at.
 
-The encoder's names (``load_minilm``, ``tokenize``, ``sentence_embeddings``, ...) are
-re-exported here, so ``from selfattn_lite.explore import tokenize`` keeps working.
+The encoder itself (``load_minilm``, ``tokenize``, ``sentence_embeddings``, ...) is in
+``selfattn_lite.encoder``.
 """
 
 from __future__ import annotations
@@ -19,21 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .encoder import (
-    INSTALL_HINT,
-    MODEL_PACKAGE,
-    BertConfig,
-    BertEmbeddings,
-    BertEncoder,
-    BertLayer,
-    load_bert_weights,
-    load_minilm,
-    load_tokenizer,
-    mean_pool,
-    model_dir,
-    sentence_embeddings,
-    tokenize,
-)
+from .encoder import BertEncoder, load_minilm, load_tokenizer, tokenize
 
 __all__ = [
     "AttentionMaps",
@@ -44,20 +30,6 @@ __all__ = [
     "token_scores",
     "previous_token_scores",
     "column_scores",
-    # re-exported from ``encoder``
-    "MODEL_PACKAGE",
-    "INSTALL_HINT",
-    "model_dir",
-    "BertConfig",
-    "BertEmbeddings",
-    "BertLayer",
-    "BertEncoder",
-    "load_bert_weights",
-    "load_tokenizer",
-    "load_minilm",
-    "tokenize",
-    "mean_pool",
-    "sentence_embeddings",
 ]
 
 

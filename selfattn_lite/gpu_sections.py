@@ -262,12 +262,12 @@ def nb08(ctx: Context) -> dict:
 # --------------------------------------------------------------------------------------------- 10
 def nb10(ctx: Context) -> dict:
     """all-MiniLM-L6-v2's forward in bf16: fused SDPA vs explicit with weights."""
-    from . import explore
+    from . import encoder
 
     batch = ctx.pick(64, 2)
-    model32 = copy.deepcopy(explore.load_minilm()).to(ctx.device)
+    model32 = copy.deepcopy(encoder.load_minilm()).to(ctx.device)
     timed = copy.deepcopy(model32).to(dtype=DTYPE)
-    ids, padding, _ = explore.tokenize(["The cat sat on the mat because it was tired"] * batch)
+    ids, padding, _ = encoder.tokenize(["The cat sat on the mat because it was tired"] * batch)
     ids, padding = ids.to(ctx.device), padding.to(ctx.device)
     calls = {"encoder, fused SDPA": lambda: timed(ids, key_padding_mask=padding)[0],
              "encoder, explicit + weights": lambda: timed(ids, key_padding_mask=padding, need_weights=True)[0]}

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from selfattn_lite import bench
+from selfattn_lite import bench, encoder
 from selfattn_lite import explore as ex
 from selfattn_lite.efficient import flash_attention, peak_memory
 from selfattn_lite.kv_cache import KVCache
@@ -109,9 +109,9 @@ class SpyEncoder(nn.Module):
 
 
 def test_explore_moves_token_ids_to_the_models_device():
-    emb = ex.sentence_embeddings(["a cat", "a much longer sentence"], model=SpyEncoder("meta"))
+    emb = encoder.sentence_embeddings(["a cat", "a much longer sentence"], model=SpyEncoder("meta"))
     assert emb.device.type == "meta" and emb.shape == (2, 4)
-    maps = ex.explore("a cat sat", model=SpyEncoder("meta"), tokenizer=ex.load_tokenizer())
+    maps = ex.explore("a cat sat", model=SpyEncoder("meta"), tokenizer=encoder.load_tokenizer())
     assert maps.weights.device.type == "cpu" and maps.n_heads == 2
 
 

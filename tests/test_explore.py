@@ -123,6 +123,3 @@ def test_bad_input_raises_value_errors(decoder):
         ex.previous_token_scores(torch.ones(1, 1))
 
 
-def test_the_encoders_names_are_still_importable_from_explore():
-    assert ex.load_minilm is enc.load_minilm and ex.tokenize is enc.tokenize
-    assert ex.sentence_embeddings is enc.sentence_embeddings and ex.BertEncoder is enc.BertEncoder
