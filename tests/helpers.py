@@ -30,6 +30,27 @@ def tags(cell) -> list[str]:
     return cell.get("metadata", {}).get("tags", [])
 
 
+def tiny_model(seed: int = 0, **config):
+    """A small random ``TinyDecoder`` (vocab 11, d 16, 2 layers, 4 heads, max_len 32) in eval mode."""
+    import torch
+
+    from selfattn_lite.models import DecoderConfig, TinyDecoder
+
+    torch.manual_seed(seed)
+    return TinyDecoder(DecoderConfig(**{**dict(vocab_size=11, d_model=16, n_layers=2, n_heads=4, max_len=32),
+                                        **config})).eval()
+
+
+def stop(process: subprocess.Popen) -> None:
+    """Terminate a server process, and kill it if it has not stopped after 20 s."""
+    process.terminate()
+    try:
+        process.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout=10)
+
+
 def expect_error(check, fn, fragment: str) -> None:
     """An exercise checker rejects ``fn`` with a message that names the mistake (contains ``fragment``)."""
     with pytest.raises(ExerciseError) as info:

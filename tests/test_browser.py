@@ -27,7 +27,7 @@ from pathlib import Path
 
 import helpers
 import pytest
-from helpers import ROOT, browser_or_skip, find_browser, free_port
+from helpers import ROOT, browser_or_skip, find_browser, free_port, stop
 
 NOTEBOOK = ROOT / "notebooks" / "10_attention_in_the_wild.ipynb"
 SERVER_START_S = 90      # JupyterLab up and answering
@@ -87,12 +87,7 @@ def lab(tmp_path):
         _wait_for_server(f"{base}/api/status?token={token}", process, log)
         yield base, token, f"notebooks/{NOTEBOOK.name}"
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=10)
+        stop(process)
 
 
 # The execution prompts ("[ ]:", "[*]:", "[3]:") of the notebook's code cells.

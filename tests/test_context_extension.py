@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from helpers import tiny_model
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -15,26 +16,17 @@ from selfattn_lite.models import (
     CONFIG_FILE,
     DATA_DIR,
     WEIGHTS_FILE,
-    DecoderConfig,
-    TinyDecoder,
     load_text,
     load_tiny_decoder,
 )
 from selfattn_lite.positions import scaled_inv_freq
 
 
-def _model(seed=0, **kw):
-    torch.manual_seed(seed)
-    cfg = dict(vocab_size=11, d_model=16, n_layers=2, n_heads=4, max_len=32)
-    cfg.update(kw)
-    return TinyDecoder(DecoderConfig(**cfg)).eval()
-
-
 # ---------------------------------------------------------------- ALiBi in the decoder
 @settings(max_examples=20, deadline=None)
 @given(seed=st.integers(0, 50), T=st.integers(2, 20), split=st.integers(1, 19), heads=st.sampled_from([4, 2, 1]))
 def test_alibi_decoder_cached_equals_uncached(seed, T, split, heads):
-    model = _model(seed, position="alibi", n_kv_heads=heads)
+    model = tiny_model(seed, position="alibi", n_kv_heads=heads)
     ids = torch.randint(0, 11, (2, T), generator=torch.Generator().manual_seed(seed))
     split = min(split, T - 1)
     with torch.no_grad():
@@ -58,7 +50,7 @@ def _captured_weights(model, ids):
 
 
 def test_alibi_bias_is_minus_slope_times_distance_to_earlier_keys():
-    model = _model(1, position="alibi", n_heads=4)
+    model = tiny_model(1, position="alibi", n_heads=4)
     with torch.no_grad():
         model.blocks[0].attn.q_proj.weight.zero_()                   # scores = the bias alone
     T = 7
@@ -70,7 +62,7 @@ def test_alibi_bias_is_minus_slope_times_distance_to_earlier_keys():
 
 
 def test_rope_decoder_unchanged_by_the_new_options():
-    a, b = _model(3), _model(3, position="rope", rope_scaling=None)
+    a, b = tiny_model(3), tiny_model(3, position="rope", rope_scaling=None)
     ids = torch.randint(0, 11, (1, 12))
     torch.testing.assert_close(a(ids), b(ids), atol=0, rtol=0)
 
@@ -83,7 +75,7 @@ def test_rope_decoder_unchanged_by_the_new_options():
 ])
 def test_config_errors(kw, pattern):
     with pytest.raises(ValueError, match=pattern):
-        _model(**kw)
+        tiny_model(**kw)
 
 
 # ---------------------------------------------------------------- load_tiny_decoder(rope_scaling, max_len)
@@ -131,7 +123,7 @@ def test_loss_per_position_is_cross_entropy():
 
 
 def test_attention_entropy_of_uniform_rows_is_log_of_the_row_length():
-    model = _model(2, max_len=64)
+    model = tiny_model(2, max_len=64)
     with torch.no_grad():
         for block in model.blocks:
             block.attn.q_proj.weight.zero_()                         # every score 0: uniform causal rows

@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from helpers import tiny_model
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -16,7 +17,6 @@ from selfattn_lite.models import (
     WEIGHTS_FILE,
     CharTokenizer,
     DecoderConfig,
-    TinyDecoder,
     evaluate,
     load_text,
     load_tiny_decoder,
@@ -24,13 +24,6 @@ from selfattn_lite.models import (
     split_text,
     to_gqa,
 )
-
-
-def _model(seed=0, **kw):
-    torch.manual_seed(seed)
-    cfg = dict(vocab_size=11, d_model=16, n_layers=2, n_heads=4, max_len=32)
-    cfg.update(kw)
-    return TinyDecoder(DecoderConfig(**cfg)).eval()
 
 
 def _chunks(ids, sizes):
@@ -85,7 +78,7 @@ def reference_forward(model, ids):
 @pytest.mark.parametrize("n_kv_heads", [4, 2, 1])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_logits_and_weights_match_a_hand_written_forward(n_kv_heads, dtype):
-    model = _model(4, n_layers=3, n_kv_heads=n_kv_heads, d_model=32).to(dtype)
+    model = tiny_model(4, n_layers=3, n_kv_heads=n_kv_heads, d_model=32).to(dtype)
     ids = torch.randint(0, 11, (2, 13), generator=torch.Generator().manual_seed(2))
     tol = dict(atol=1e-5, rtol=1e-4) if dtype == torch.float32 else dict(atol=1e-10, rtol=1e-8)
     with torch.no_grad():
@@ -101,7 +94,7 @@ def test_logits_and_weights_match_a_hand_written_forward(n_kv_heads, dtype):
 
 
 def test_weights_through_the_cache_are_rows_of_the_full_weights():
-    model = _model(6, n_kv_heads=2)
+    model = tiny_model(6, n_kv_heads=2)
     ids = torch.randint(0, 11, (2, 10), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         _, full = model(ids, need_weights=True)                        # n_layers x (B, h, 10, 10)
@@ -116,7 +109,7 @@ def test_weights_through_the_cache_are_rows_of_the_full_weights():
 
 
 def test_rope_angles_are_computed_once_per_forward(monkeypatch):
-    model = _model(8, n_layers=3)
+    model = tiny_model(8, n_layers=3)
     calls = []
     cos_sin = model.rope.cos_sin
     monkeypatch.setattr(model.rope, "cos_sin", lambda *a, **kw: calls.append(1) or cos_sin(*a, **kw))
@@ -131,7 +124,7 @@ def test_rope_angles_are_computed_once_per_forward(monkeypatch):
 
 def test_shared_angles_give_the_same_outputs_as_rope_in_every_layer():
     """The old path: each attention computes its own cos and sin (the blocks called without shared angles)."""
-    model = _model(9, n_layers=3, n_kv_heads=2)
+    model = tiny_model(9, n_layers=3, n_kv_heads=2)
     ids = torch.randint(0, 11, (2, 12), generator=torch.Generator().manual_seed(5))
     with torch.no_grad():
         x = model.embed(ids)
@@ -152,7 +145,7 @@ def test_shared_angles_give_the_same_outputs_as_rope_in_every_layer():
        T=st.integers(1, 20), sizes=st.lists(st.integers(1, 6), min_size=1, max_size=5), B=st.integers(1, 2),
        norm=st.sampled_from(["rmsnorm", "layernorm"]))
 def test_cached_logits_equal_uncached_logits(seed, n_layers, heads, T, sizes, B, norm):
-    model = _model(seed, n_layers=n_layers, n_heads=heads[0], n_kv_heads=heads[1], norm=norm)
+    model = tiny_model(seed, n_layers=n_layers, n_heads=heads[0], n_kv_heads=heads[1], norm=norm)
     ids = torch.randint(0, 11, (B, T), generator=torch.Generator().manual_seed(seed))
     with torch.no_grad():
         full = model(ids)                                          # (B, T, V), no cache
@@ -165,7 +158,7 @@ def test_cached_logits_equal_uncached_logits(seed, n_layers, heads, T, sizes, B,
 @settings(max_examples=15)
 @given(seed=st.integers(0, 50), T=st.integers(1, 12), new=st.integers(0, 8), kv=st.sampled_from([4, 2, 1]))
 def test_generate_same_tokens_with_and_without_cache(seed, T, new, kv):
-    model = _model(seed, n_kv_heads=kv)
+    model = tiny_model(seed, n_kv_heads=kv)
     ids = torch.randint(0, 11, (2, T), generator=torch.Generator().manual_seed(seed))
     with_cache = model.generate(ids, new, use_cache=True)
     without = model.generate(ids, new, use_cache=False)
@@ -175,7 +168,7 @@ def test_generate_same_tokens_with_and_without_cache(seed, T, new, kv):
 
 
 def test_rope_rotates_cached_keys_at_their_true_positions():
-    model = _model(3)
+    model = tiny_model(3)
     attn = model.blocks[0].attn
     ids = torch.randint(0, 11, (1, 9), generator=torch.Generator().manual_seed(0))
     x = model.blocks[0].norm1(model.embed(ids)).detach()          # (1, 9, d): the first layer's input
@@ -192,7 +185,7 @@ def test_rope_rotates_cached_keys_at_their_true_positions():
 
 
 def test_int8_cache_generates_nearly_the_same():
-    model = _model(5, d_model=32, n_heads=4)
+    model = tiny_model(5, d_model=32, n_heads=4)
     ids = torch.randint(0, 11, (1, 10), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         caches = model.new_caches(1, 20, cache_cls=Int8KVCache)
@@ -204,7 +197,7 @@ def test_int8_cache_generates_nearly_the_same():
 
 # ---------------------------------------------------------------- bad input
 def test_generate_rejects_overflow_and_bad_ids():
-    model = _model(max_len=10)
+    model = tiny_model(max_len=10)
     with pytest.raises(ValueError, match=r"prompt of 6 tokens \+ 5 new tokens = 11 exceeds max_len=10"):
         model.generate(torch.zeros(6, dtype=torch.long), 5)
     with pytest.raises(ValueError, match=r"max_new_tokens must be a non-negative int, got -1"):
@@ -222,7 +215,7 @@ def test_generate_rejects_overflow_and_bad_ids():
 
 
 def test_a_small_cache_overflows_with_a_clear_error():
-    model = _model(max_len=32)
+    model = tiny_model(max_len=32)
     caches = model.new_caches(1, 4)
     with pytest.raises(ValueError, match=r"KV cache overflow: it holds 0 tokens, 5 more would make 5 > max_len = 4"):
         model(torch.zeros(1, 5, dtype=torch.long), caches=caches)
@@ -253,7 +246,7 @@ def test_pool_kv_heads_averages_consecutive_heads():
 
 
 def test_to_gqa_is_exact_when_heads_in_a_group_already_agree():
-    mha = _model(7, n_heads=4)
+    mha = tiny_model(7, n_heads=4)
     with torch.no_grad():
         for block in mha.blocks:                       # make K/V heads 0=1 and 2=3: an MHA that is secretly GQA
             for proj in (block.attn.k_proj, block.attn.v_proj):
@@ -264,14 +257,14 @@ def test_to_gqa_is_exact_when_heads_in_a_group_already_agree():
     ids = torch.randint(0, 11, (2, 12), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         torch.testing.assert_close(gqa(ids), mha(ids), atol=1e-5, rtol=1e-4)
-        assert not torch.allclose(to_gqa(_model(7, n_heads=4), 2)(ids), _model(7, n_heads=4)(ids), atol=1e-3)
+        assert not torch.allclose(to_gqa(tiny_model(7, n_heads=4), 2)(ids), tiny_model(7, n_heads=4)(ids), atol=1e-3)
     assert torch.equal(to_gqa(mha, 4)(ids), mha(ids))  # 4 of 4: nothing pooled
     with pytest.raises(ValueError, match="converts an MHA model"):
         to_gqa(gqa, 1)
 
 
 def test_gqa_caches_are_smaller_by_the_head_ratio():
-    mha = _model(1, n_heads=4)
+    mha = tiny_model(1, n_heads=4)
     sizes = {kv: sum(c.nbytes for c in to_gqa(mha, kv).new_caches(1)) for kv in (4, 2, 1)}
     assert sizes[4] == 2 * sizes[2] == 4 * sizes[1]
 
@@ -329,8 +322,8 @@ def test_load_errors_name_the_missing_file(tmp_path):
     with pytest.raises(FileNotFoundError, match="missing.safetensors not found"):
         load_tiny_decoder(tmp_path / "missing.safetensors")
     with pytest.raises(ValueError, match="no tokenizer"):
-        _model().complete("ab", 2)
-    assert isinstance(_model().new_caches(2)[0], KVCache)
+        tiny_model().complete("ab", 2)
+    assert isinstance(tiny_model().new_caches(2)[0], KVCache)
 
 
 def test_decode_benchmark_command_line_runs(capsys):

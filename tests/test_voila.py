@@ -15,7 +15,7 @@ import time
 import urllib.request
 
 import pytest
-from helpers import ROOT, browser_or_skip, free_port
+from helpers import ROOT, browser_or_skip, free_port, stop
 
 APP = ROOT / "apps" / "explorer.ipynb"
 START_S = 120        # Voila up, the notebook executed (the model loads) and the page shown
@@ -61,12 +61,7 @@ def voila(tmp_path):
                 time.sleep(0.5)
         yield base, log
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=10)
+        stop(process)
 
 
 def test_typing_a_sentence_redraws_the_heatmap(voila):
