@@ -19,6 +19,7 @@ fixed-size state, and ``peak_memory`` (how the notebook measures memory on CPU a
 
 from __future__ import annotations
 
+import enum
 import json
 import math
 import os
@@ -37,6 +38,8 @@ __all__ = [
     "DEFAULT_BLOCK_SIZE",
     "CUDA_BLOCK_SIZE",
     "default_block_size",
+    "TileKind",
+    "tile_kind",
     "SKIP",
     "PARTIAL",
     "FULL",
@@ -61,8 +64,21 @@ CUDA_BLOCK_SIZE = (1024, 1024)
 
 LOG2_E = math.log2(math.e)   # e^x = 2^(x log2 e): the kernel folds log2(e) into the scale and uses exp2
 
-# Tile kinds of a tile plan.
-SKIP, PARTIAL, FULL = 0, 1, 2
+
+
+class TileKind(enum.IntEnum):
+    """What a tiled kernel does with one (query tile, key tile) pair.
+
+    One classification for every tiled kernel of the course: ``flash_attention`` here, ring attention
+    (``distributed``) and the Triton kernel (``triton_attention``).
+    """
+
+    SKIP = 0       # every pair is outside the visible band: never computed
+    PARTIAL = 1    # straddles the band's edge: computed, then masked
+    FULL = 2       # every pair is visible: computed, no mask
+
+
+SKIP, PARTIAL, FULL = TileKind.SKIP, TileKind.PARTIAL, TileKind.FULL
 
 
 def default_block_size(device: torch.device | str = "cpu") -> tuple[int, int]:
@@ -128,8 +144,11 @@ def online_softmax(x: Tensor, block_size: int) -> Tensor:
 # The tile plan: which tiles are computed, which need a mask, which are skipped
 # ---------------------------------------------------------------------------------------------
 
-def _tile_kind(q0: int, q1: int, k0: int, k1: int, below: int, above: int) -> int:
-    """Kind of the tile of queries [q0, q1) x keys [k0, k1) for offsets -below <= j - i <= above."""
+def tile_kind(q0: int, q1: int, k0: int, k1: int, below: int, above: int) -> TileKind:
+    """Kind of the tile of queries [q0, q1) x keys [k0, k1) when query i sees key j iff -below <= j - i <= above.
+
+    Causal (top-left): below = a large number (or S), above = 0. No mask: below = L, above = S.
+    """
     if k0 - (q1 - 1) > above or q0 - (k1 - 1) > below:
         return SKIP                  # every pair is outside the band: never computed
     if (k1 - 1) - q0 <= above and (q1 - 1) - k0 <= below:
@@ -157,7 +176,7 @@ def tile_plan(L: int, S: int | None = None, block_size=DEFAULT_BLOCK_SIZE, *, is
     rows = []
     for q0 in range(0, L, block_q):
         q1 = min(q0 + block_q, L)
-        rows.append([_tile_kind(q0, q1, k0, min(k0 + block_k, S), below, above) for k0 in range(0, S, block_k)])
+        rows.append([tile_kind(q0, q1, k0, min(k0 + block_k, S), below, above) for k0 in range(0, S, block_k)])
     return torch.tensor(rows, dtype=torch.int8)
 
 
@@ -196,12 +215,12 @@ def _attend_query_block(q: Tensor, k: Tensor, v: Tensor, q0: int, block_k: int, 
     acc = torch.zeros(N, Bq, Ev, dtype=compute, device=q.device)                # running output
     for k0 in range(0, S, block_k):
         k1 = min(k0 + block_k, S)
-        kind = _tile_kind(q0, q0 + Bq, k0, k1, below, above)
+        kind = tile_kind(q0, q0 + Bq, k0, k1, below, above)
         if kind == SKIP:
             continue                                            # above the diagonal: never touched
         if kind == PARTIAL:                                     # drop key columns no query here may see
             k0, k1 = max(k0, q0 - below), min(k1, q0 + Bq - 1 + above + 1)
-            kind = _tile_kind(q0, q0 + Bq, k0, k1, below, above)
+            kind = tile_kind(q0, q0 + Bq, k0, k1, below, above)
         k_tile, v_tile = k[:, k0:k1].to(compute), v[:, k0:k1].to(compute)   # half inputs: the tile in float32
         s = torch.bmm(q, k_tile.transpose(1, 2))                # (N, Bq, Bk) scores of this tile
         if kind == PARTIAL:
@@ -353,12 +372,12 @@ def flash_attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse2:
         do_i, D_i, lse_i = do[:, q0:q1], D[:, q0:q1], lse2[:, q0:q1]
         for k0 in range(0, S, block_k):
             k1 = min(k0 + block_k, S)
-            kind = _tile_kind(q0, q1, k0, k1, below, above)
+            kind = tile_kind(q0, q1, k0, k1, below, above)
             if kind == SKIP:
                 continue
             if kind == PARTIAL:                                       # the same trim as the forward
                 k0, k1 = max(k0, q0 - below), min(k1, q1 - 1 + above + 1)
-                kind = _tile_kind(q0, q1, k0, k1, below, above)
+                kind = tile_kind(q0, q1, k0, k1, below, above)
             k_j, v_j = k[:, k0:k1].to(compute), v[:, k0:k1].to(compute)   # (N, Bk, E), (N, Bk, Ev)
             p = torch.bmm(q_scaled, k_j.transpose(1, 2)).sub_(lse_i).exp2_()   # (N, Bq, Bk) P recomputed
             if kind == PARTIAL:
