@@ -43,29 +43,29 @@ test: install
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 student: install
-	$(PY) -m selfattn_lite.student notebooks student
+	$(PY) -m selfattn_lite.course.student notebooks student
 
 figures: install
-	$(PY) -m selfattn_lite.figures figures
+	$(PY) -m selfattn_lite.course.figures figures
 
 notebooks: install
 	cd notebooks && for nb in [0-9][0-9]_*.ipynb; do \
 		../$(PY) -m jupyter nbconvert --to notebook --execute --inplace "$$nb" || exit 1; done
 
 gpu-report: install
-	$(PY) -m selfattn_lite.gpu_report --out figures/gpu $(GPU_REPORT_ARGS)
+	$(PY) -m selfattn_lite.course.gpu_report --out figures/gpu $(GPU_REPORT_ARGS)
 
 assignments: install
-	$(PY) -m selfattn_lite.assignments notebooks assignments
+	$(PY) -m selfattn_lite.course.assignments notebooks assignments
 
 site: install
-	$(PY) -m selfattn_lite.site _site
+	$(PY) -m selfattn_lite.course.site _site
 
 explorer: install
 	$(PY) -m voila apps/explorer.ipynb $(LAB_ARGS)
 
 badges: install
-	$(PY) -m selfattn_lite.badges notebooks
+	$(PY) -m selfattn_lite.course.badges notebooks
 
 clean:
 	rm -rf $(VENV) student assignments _site .pytest_cache .ruff_cache .hypothesis

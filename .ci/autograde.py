@@ -2,7 +2,7 @@
 
     .venv/bin/python .ci/autograde.py [WORKDIR]
 
-Builds the nbgrader course from notebooks/ (``selfattn_lite.assignments``), then submits, for
+Builds the nbgrader course from notebooks/ (``selfattn_lite.course.assignments``), then submits, for
 every numbered notebook,
 
 * ``solutions``: the release notebook with every answer cell filled in from the source: full marks;
@@ -32,7 +32,7 @@ import nbformat
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from selfattn_lite import assignments  # noqa: E402
+from selfattn_lite.course import assignments  # noqa: E402
 
 # notebook stem -> [(answer cell's grade_id, text in its solution, replacement, checker message expected)]
 PLANTED = {

@@ -14,7 +14,7 @@ import importlib
 import os
 
 # Idle OpenMP threads sleep instead of spinning, however the course was started (make, conda, Binder,
-# `python -m selfattn_lite.bench_efficient`): CPU timings then do not depend on the route. OpenMP
+# `python -m selfattn_lite.course.bench_efficient`): CPU timings then do not depend on the route. OpenMP
 # reads the variable when torch loads it, so this only counts where torch is not imported yet; the
 # notebooks set it in their first cell for that reason.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")

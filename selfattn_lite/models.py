@@ -14,7 +14,7 @@ prefill the prompt once, then one token per step) or without one (re-run the who
 context at every step). Both give the same tokens; the cache only saves work.
 
 ``load_tiny_decoder()`` loads the character-level model shipped in ``selfattn_lite/data``
-(trained by ``python -m selfattn_lite.train_tiny`` on Shakespeare), with its tokenizer.
+(trained by ``python -m selfattn_lite.course.train_tiny`` on Shakespeare), with its tokenizer.
 """
 
 from __future__ import annotations
@@ -510,7 +510,7 @@ def load_tiny_decoder(weights: str | Path | None = None, config: str | Path | No
     config = Path(config) if config is not None else CONFIG_FILE
     for path in (weights, config):
         if not path.exists():
-            raise FileNotFoundError(f"{path.name} not found; train it with `python -m selfattn_lite.train_tiny`")
+            raise FileNotFoundError(f"{path.name} not found; train it with `python -m selfattn_lite.course.train_tiny`")
     info = json.loads(config.read_text(encoding="utf-8"))
     shape = dict(info["model"])
     if rope_scaling is not None:

@@ -1,4 +1,4 @@
-# Sphinx configuration of the course website (built by `make site`: python -m selfattn_lite.site).
+# Sphinx configuration of the course website (built by `make site`: python -m selfattn_lite.course.site).
 # Offline by design: notebooks are read with their committed outputs (never executed), MathJax is
 # served from the site (sphinx-mathjax-offline), and nothing is loaded from a CDN.
 project = "selfattn-course"

@@ -9,7 +9,7 @@ import nbformat
 import pytest
 from helpers import NOTEBOOKS
 
-from selfattn_lite import assignments
+from selfattn_lite.course import assignments
 from selfattn_lite.exercises import ExerciseError, graded, nb01
 
 

@@ -8,7 +8,7 @@ import nbformat
 import pytest
 from helpers import NOTEBOOKS, ROOT
 
-from selfattn_lite import badges
+from selfattn_lite.course import badges
 
 
 def _notebook():

@@ -1,4 +1,4 @@
-"""selfattn_lite.bench: FLOPs, tolerances in ulps, timing method, peaks by exact name, backends.
+"""selfattn_lite.course.bench: FLOPs, tolerances in ulps, timing method, peaks by exact name, backends.
 
 Device-aware: each test that runs work does so on every device present (CPU here and in CI,
 CUDA too on a GPU machine); CUDA-only logic (synchronized timing, peak lookup) is exercised on
@@ -15,8 +15,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from selfattn_lite import bench
 from selfattn_lite import scaled_dot_product_attention as sdpa
+from selfattn_lite.course import bench
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 

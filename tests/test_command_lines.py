@@ -1,4 +1,4 @@
-"""`python -m selfattn_lite.X`: every command line answers --help, and run bare does what `make` runs.
+"""`python -m selfattn_lite.X` and `python -m selfattn_lite.course.X`: every command line answers --help, and run bare does what `make` runs.
 
 Each command is run in this process (``runpy``, as ``-m`` runs it) with its work function
 replaced by a recorder, so no notebook, site or process is built.
@@ -15,12 +15,12 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # module -> (the function its command line calls, that function's module, the arguments run bare)
 COMMANDS = {
-    "student": ("build", "selfattn_lite.student", ("notebooks", "student")),
-    "assignments": ("generate", "selfattn_lite.assignments", ("notebooks", "assignments")),
-    "badges": ("apply", "selfattn_lite.badges", ("notebooks",)),
-    "site": ("build", "selfattn_lite.site", ("_site",)),
-    "explorer_data": ("write", "selfattn_lite.explorer_data", (".",)),
-    "figures": ("make_all", "selfattn_lite.figures", ("figures",)),
+    "course.student": ("build", "selfattn_lite.course.student", ("notebooks", "student")),
+    "course.assignments": ("generate", "selfattn_lite.course.assignments", ("notebooks", "assignments")),
+    "course.badges": ("apply", "selfattn_lite.course.badges", ("notebooks",)),
+    "course.site": ("build", "selfattn_lite.course.site", ("_site",)),
+    "course.explorer_data": ("write", "selfattn_lite.course.explorer_data", (".",)),
+    "course.figures": ("make_all", "selfattn_lite.course.figures", ("figures",)),
     "distributed": ("_self_check", "selfattn_lite.distributed", (2,)),
 }
 
@@ -30,10 +30,10 @@ def run(module, argv, monkeypatch):
     name, owner, _ = COMMANDS[module]
     calls = []
     monkeypatch.setattr(f"{owner}.{name}", lambda *args: calls.append(args) or [])
-    monkeypatch.setattr(sys, "argv", [module, *argv])
+    monkeypatch.setattr(sys, "argv", [module.rsplit(".", 1)[-1], *argv])
     monkeypatch.delenv("WORLD_SIZE", raising=False)
-    if module == "figures":      # a package: its __main__ module is the command line
-        runpy.run_module("selfattn_lite.figures", run_name="__main__")
+    if module == "course.figures":      # a package: its __main__ module is the command line
+        runpy.run_module("selfattn_lite.course.figures", run_name="__main__")
     else:                        # the command line calls main(); the module itself stays the imported one
         __import__(owner, fromlist=["main"]).main()
     return calls
@@ -58,11 +58,11 @@ def test_bare_command_uses_the_defaults_and_arguments_override_them(module, monk
 
 def test_the_makefile_passes_what_the_defaults_are():
     makefile = (ROOT / "Makefile").read_text()
-    called = dict(re.findall(r"-m selfattn_lite\.(\w+) ?([^\n$]*)", makefile))
+    called = dict(re.findall(r"-m selfattn_lite\.([\w.]+) ?([^\n$]*)", makefile))
     for module, (_, _, defaults) in COMMANDS.items():
         if module in called:
             assert called[module].split() == [str(d) for d in defaults], module
-    assert {"student", "assignments", "badges", "site", "figures"} <= set(called)
+    assert {f"course.{m}" for m in ("student", "assignments", "badges", "site", "figures")} <= set(called)
 
 
 def test_a_torchrun_world_size_wins(monkeypatch):

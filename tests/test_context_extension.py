@@ -11,7 +11,7 @@ from helpers import tiny_model
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from selfattn_lite import context_eval
+from selfattn_lite.course import context_eval
 from selfattn_lite.models import (
     CONFIG_FILE,
     DATA_DIR,
@@ -184,7 +184,7 @@ def test_shipped_alibi_model_has_the_rope_models_recipe():
 
 # ---------------------------------------------------------------- train_tiny's options
 def test_train_tiny_alibi_and_fine_tune_options(tmp_path, capsys):
-    from selfattn_lite import train_tiny
+    from selfattn_lite.course import train_tiny
 
     train_tiny.main(["--steps", "2", "--batch", "1", "--seq-len", "64", "--position", "alibi",
                      "--out", str(tmp_path), "--name", "a"])

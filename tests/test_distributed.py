@@ -169,7 +169,7 @@ def test_ring_widget_steps_and_counts_work():
 
 
 def test_ring_schedule_figure_shows_skips_only_for_contiguous():
-    from selfattn_lite.figures.distributed import _share
+    from selfattn_lite.course.figures.distributed import _share
 
     assert [_share(0, s, 4, "contiguous") for s in (0, 1, 2, 3)] == [1.0, 0.0, 0.0, 0.0]
     assert [_share(3, s, 4, "contiguous") for s in (0, 1, 2, 3)] == [1.0, 1.0, 1.0, 1.0]

@@ -337,7 +337,7 @@ def test_tile_widget_follows_its_controls():
 
 
 def test_draw_tile_plan_and_figures():
-    from selfattn_lite.figures.efficient import FIGURES
+    from selfattn_lite.course.figures.efficient import FIGURES
     from selfattn_lite.viz import draw_tile_plan
 
     ax = draw_tile_plan(20, 6, is_causal=True, step=3)
@@ -350,7 +350,7 @@ def test_draw_tile_plan_and_figures():
 # ----------------------------------------------------------------------------- benchmark module
 
 def test_benchmark_measure_rows_and_plot(tmp_path):
-    from selfattn_lite import bench_efficient as be
+    from selfattn_lite.course import bench_efficient as be
 
     records = be.measure([64, 128], B=1, H=2, D=8, budget_s=0.01)
     assert {r["impl"] for r in records} == set(be.IMPLS) and len(records) == 6

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from hypothesis import given
 from hypothesis import strategies as st
 
-from selfattn_lite import bench
+from selfattn_lite.course import bench
 from selfattn_lite.efficient import flash_attention, sliding_window_mask
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])

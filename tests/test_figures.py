@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from selfattn_lite import figures
-from selfattn_lite.figures.sdpa import CAT_SAT_TOKENS, CAT_SAT_WEIGHTS
+from selfattn_lite.course import figures
+from selfattn_lite.course.figures.sdpa import CAT_SAT_TOKENS, CAT_SAT_WEIGHTS
 
 ROOT = Path(__file__).resolve().parent.parent
 

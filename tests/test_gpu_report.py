@@ -9,9 +9,9 @@ import pytest
 import torch
 from helpers import ROOT
 
-from selfattn_lite import bench, gpu_report
-from selfattn_lite.gpu_report import Section
-from selfattn_lite.gpu_sections import row_dicts
+from selfattn_lite.course import bench, gpu_report
+from selfattn_lite.course.gpu_report import Section
+from selfattn_lite.course.gpu_sections import row_dicts
 
 
 def last_code_cell(number: str) -> str:
@@ -121,7 +121,7 @@ def test_show_prints_gpu_rows_when_present_and_says_so_when_not(tmp_path, capsys
 
 
 def test_command_line_runs_sections_in_their_own_processes(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "selfattn_lite.gpu_report", "--out", str(tmp_path), "--dry-run",
+    proc = subprocess.run([sys.executable, "-m", "selfattn_lite.course.gpu_report", "--out", str(tmp_path), "--dry-run",
                            "--only", "provenance"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "1 of 1 sections ok" in proc.stdout, proc.stdout + proc.stderr
     assert json.loads((tmp_path / "dry-run" / "provenance.json").read_text())["status"] == "ok"
@@ -129,7 +129,7 @@ def test_command_line_runs_sections_in_their_own_processes(tmp_path):
 
 def test_makefile_runs_the_report():
     makefile = (ROOT / "Makefile").read_text()
-    assert re.search(r"^gpu-report:.*\n\t.*-m selfattn_lite\.gpu_report --out figures/gpu", makefile, re.M)
+    assert re.search(r"^gpu-report:.*\n\t.*-m selfattn_lite\.course\.gpu_report --out figures/gpu", makefile, re.M)
     assert "figures/gpu/dry-run/" in (ROOT / ".gitignore").read_text()
 
 

@@ -327,7 +327,7 @@ def test_load_errors_name_the_missing_file(tmp_path):
 
 
 def test_decode_benchmark_command_line_runs(capsys):
-    from selfattn_lite import bench_decode
+    from selfattn_lite.course import bench_decode
 
     result = bench_decode.main(["--prompt", "8", "--new", "4", "--repeat", "2"])
     assert (result["prompt"], result["new"]) == (8, 4) and result["seconds"] > 0

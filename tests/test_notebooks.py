@@ -72,7 +72,7 @@ def test_every_widget_has_a_static_figure_next_to_it(path):
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_last_code_cell_times_against_sdpa_and_asserts(path):
     last = code_cells(load(path))[-1]
-    assert "bench." in last.source, f"{path.name}: the last cell should time with selfattn_lite.bench"
+    assert "bench." in last.source, f"{path.name}: the last cell should time with selfattn_lite.course.bench"
     assert "nbval-ignore-output" in last.metadata.get("tags", [])
 
 

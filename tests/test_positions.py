@@ -825,7 +825,7 @@ def test_frequency_chart_draws_every_method():
 def test_notebook_figures_draw():
     from matplotlib.figure import Figure
 
-    from selfattn_lite.figures.positions import FIGURES
+    from selfattn_lite.course.figures.positions import FIGURES
 
     assert set(FIGURES) == {"positions_where.png", "rope_pairings.png"}
     for draw in FIGURES.values():

@@ -20,7 +20,7 @@ import pytest
 import torch
 from helpers import NOTEBOOKS, browser_or_skip
 
-from selfattn_lite import badges, explorer_data, site
+from selfattn_lite.course import badges, explorer_data, site
 
 PAGE_S = 60
 TABS = 6                 # pages loading at once

@@ -7,7 +7,7 @@ import nbformat
 import pytest
 from helpers import NOTEBOOKS, ROOT, tags
 
-from selfattn_lite.student import build
+from selfattn_lite.course.student import build
 
 
 @pytest.fixture(scope="module")

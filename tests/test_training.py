@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from selfattn_lite import bench_backward, train_tiny
+from selfattn_lite.course import bench_backward, train_tiny
 from selfattn_lite.efficient import flash_attention
 from selfattn_lite.models import (
     DATA_DIR,

@@ -49,7 +49,7 @@ def not_attempted(name: str) -> None:
 def graded(check: Callable, *args, **kwargs) -> None:
     """Run a checker as the autograder does: like ``check(*args)``, but a stub raises ExerciseError.
 
-    The nbgrader assignments (``selfattn_lite.assignments``) call it in their hidden tests, so a
+    The nbgrader assignments (``selfattn_lite.course.assignments``) call it in their hidden tests, so a
     learner sees "Not attempted yet" while working and the grader gives an untouched exercise 0 points.
     """
     global _GRADING

@@ -1,4 +1,4 @@
-// The attention explorer without a kernel: weights precomputed by selfattn_lite.explorer_data,
+// The attention explorer without a kernel: weights precomputed by selfattn_lite.course.explorer_data,
 // drawn on canvases with plain JavaScript (no library, no network). Reads window.SELFATTN_EXPLORER
 // (explorer_data.js) and fills <div id="selfattn-explorer">.
 (function () {

@@ -1,6 +1,6 @@
 """Notebook 11's benchmark: forward + backward of explicit, tiled and fused attention, time and memory.
 
-    python -m selfattn_lite.bench_backward --out figures/bench_backward_cpu.json
+    python -m selfattn_lite.course.bench_backward --out figures/bench_backward_cpu.json
 
 writes a JSON of every measurement and, next to it, a plot (same name, .png). One training
 step of attention is timed: the forward, then the backward for a fixed dO, returning dQ, dK
@@ -31,10 +31,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from ..attention import scaled_dot_product_attention
+from ..efficient import flash_attention, peak_memory
 from . import bench
-from .attention import scaled_dot_product_attention
 from .bench_efficient import EXPLICIT, SDPA, TILED, attention_inputs, command_line, provenance, save, target_ratios
-from .efficient import flash_attention, peak_memory
 
 __all__ = ["TARGET_MEMORY_RATIO", "TARGET_TIME_RATIO", "forward_backward", "implementations", "measure",
            "check_targets", "run", "main"]
@@ -140,7 +140,8 @@ def run(out: str | Path, *, device: str | None = None, ns=None, targets: bool = 
 
 
 def main(argv=None) -> None:
-    command_line("selfattn_lite.bench_backward", __doc__.splitlines()[0], run, argv, what=" (forward + backward)")
+    command_line("selfattn_lite.course.bench_backward", __doc__.splitlines()[0], run, argv,
+                 what=" (forward + backward)")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
-from ..triton_attention import key_block_bounds
+from ...triton_attention import key_block_bounds
 from ._draw import BLUE, GREY, ORANGE, arrow, box, diagram
 
 __all__ = ["block_map", "draw_block_map", "draw_program_grid", "draw_program_loop", "FIGURES"]

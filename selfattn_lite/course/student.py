@@ -1,6 +1,6 @@
 """Student build: copies of the notebooks with the solutions removed.
 
-    python -m selfattn_lite.student notebooks student
+    python -m selfattn_lite.course.student notebooks student
 
 Every cell tagged ``solution`` is dropped (nbconvert's ``TagRemovePreprocessor``) and all
 outputs are cleared (``ClearOutputPreprocessor``), so the checkers report "Not attempted
@@ -47,7 +47,8 @@ def build(src: str | Path = "notebooks", dst: str | Path = "student") -> list[Pa
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m selfattn_lite.student", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m selfattn_lite.course.student",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("src", nargs="?", default="notebooks", help="folder of NN_*.ipynb (default: notebooks)")
     parser.add_argument("dst", nargs="?", default="student", help="folder to write them to (default: student)")
     args = parser.parse_args(argv)

@@ -1,7 +1,7 @@
 """Decode speed of the shipped tiny decoder: tokens per second of greedy generation with a KV cache.
 
-    python -m selfattn_lite.bench_decode                 # prompt 256 + 256 generated, on the CPU
-    python -m selfattn_lite.bench_decode --prompt 128 --new 128 --device cuda --repeat 5
+    python -m selfattn_lite.course.bench_decode                 # prompt 256 + 256 generated, on the CPU
+    python -m selfattn_lite.course.bench_decode --prompt 128 --new 128 --device cuda --repeat 5
 
 The prompt is the first ``prompt`` characters of the shipped held-out text; ``generate`` runs
 once to warm up, then once timed (prefill + decode). Speed = generated tokens / seconds.
@@ -18,8 +18,8 @@ import argparse
 
 import torch
 
+from ..models import TinyDecoder, load_text, load_tiny_decoder, split_text
 from . import bench
-from .models import TinyDecoder, load_text, load_tiny_decoder, split_text
 
 __all__ = ["decode_speed", "main"]
 

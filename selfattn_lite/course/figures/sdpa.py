@@ -6,7 +6,7 @@ from __future__ import annotations
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from ..viz.core import attention_heatmap
+from ...viz.core import attention_heatmap
 from ._draw import BLUE, GREEN, GREY, ORANGE, PURPLE, diagram
 from ._draw import arrow as _arrow
 from ._draw import box as _box

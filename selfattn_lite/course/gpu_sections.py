@@ -24,8 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..attention import scaled_dot_product_attention as explicit_sdpa
 from . import bench
-from .attention import scaled_dot_product_attention as explicit_sdpa
 
 __all__ = ["Context", "row_dicts", "nb01", "nb02", "nb03", "nb04", "nb05", "nb06", "nb07", "nb08", "nb09", "nb10"]
 
@@ -125,7 +125,7 @@ def nb03(ctx: Context) -> dict:
 # --------------------------------------------------------------------------------------------- 04
 def nb04(ctx: Context) -> dict:
     """One wide head vs narrow heads (heads <= 256 on CUDA), and our module vs nn.MultiheadAttention."""
-    from .multihead import MultiHeadAttention
+    from ..multihead import MultiHeadAttention
 
     # same FLOPs in one head of 256 or four of 64: both within the fused kernels' head sizes
     B, T, d, h = ctx.pick((32, 4096, 256, 4), (2, 32, 32, 4))
@@ -160,7 +160,7 @@ def nb04(ctx: Context) -> dict:
 # --------------------------------------------------------------------------------------------- 05
 def nb05(ctx: Context) -> dict:
     """Causal attention with and without rotating q and k by RoPE."""
-    from .positions import RotaryEmbedding
+    from ..positions import RotaryEmbedding
 
     B, H, T, D = ctx.pick((2, 16, 4096, 128), (1, 2, 64, 16))
     q, k, v = _inputs(ctx, *[(B, H, T, D)] * 3)
@@ -186,7 +186,7 @@ def nb05(ctx: Context) -> dict:
 # --------------------------------------------------------------------------------------------- 06
 def nb06(ctx: Context) -> dict:
     """One decode step's attention over a full KV cache (memory-bound: GB/s, not FLOP/s)."""
-    from .kv_cache import KVCache
+    from ..kv_cache import KVCache
 
     B, H, S, D = ctx.pick((16, 32, 8192, 128), (2, 2, 128, 16))
     q, k, v = _inputs(ctx, (B, H, 1, D), (B, H, S, D), (B, H, S, D))    # drawn on the device: no 4 GiB host copy
@@ -262,7 +262,7 @@ def nb08(ctx: Context) -> dict:
 # --------------------------------------------------------------------------------------------- 10
 def nb10(ctx: Context) -> dict:
     """all-MiniLM-L6-v2's forward in bf16: fused SDPA vs explicit with weights."""
-    from . import encoder
+    from .. import encoder
 
     batch = ctx.pick(64, 2)
     model32 = copy.deepcopy(encoder.load_minilm()).to(ctx.device)
@@ -294,7 +294,7 @@ def nb11(ctx: Context) -> dict:
 def nb15(ctx: Context) -> dict:
     """Notebook 15's Triton kernel against SDPA (forward, forward + backward; causal and not) and the goal
     read off at n = 4096, h = 16, d = 128. Without Triton (not Linux) the section says so."""
-    from . import triton_attention
+    from .. import triton_attention
 
     if not triton_attention.available():
         return dict(skipped="Triton is not installed (Linux-only extra `triton`)")

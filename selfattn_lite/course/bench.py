@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ._checks import check_int, check_positive_int
+from .._checks import check_int, check_positive_int
 
 __all__ = [
     "BenchRow",
@@ -322,7 +322,7 @@ def sdpa_backends(fn: Callable[[], object]) -> list[str]:
     """
     from torch.profiler import ProfilerActivity, profile
 
-    from .efficient import _quiet_stderr
+    from ..efficient import _quiet_stderr
 
     with torch.no_grad(), _quiet_stderr(), profile(activities=[ProfilerActivity.CPU]) as prof:
         fn()

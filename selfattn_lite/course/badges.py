@@ -1,6 +1,6 @@
 """Start in the cloud: Binder and Colab badges at the top of every notebook.
 
-    python -m selfattn_lite.badges notebooks
+    python -m selfattn_lite.course.badges notebooks
 
 puts, idempotently, into each ``NN_*.ipynb``:
 
@@ -134,7 +134,7 @@ def as_text_links(markdown: str) -> str:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m selfattn_lite.badges", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m selfattn_lite.course.badges", description=__doc__.split("\n\n")[0])
     parser.add_argument("folder", nargs="?", default="notebooks",
                         help="folder of NN_*.ipynb to edit in place (default: notebooks)")
     for path in apply(parser.parse_args(argv).folder):

@@ -1,4 +1,4 @@
-"""Figures for the notebooks' markdown, regenerated from code: ``python -m selfattn_lite.figures``.
+"""Figures for the notebooks' markdown, regenerated from code: ``python -m selfattn_lite.course.figures``.
 
 Each module in this package defines ``FIGURES``: a dict of file name -> function
 ``draw() -> matplotlib.figure.Figure``. ``make_all(outdir)`` writes every one of them

@@ -1,7 +1,7 @@
 """``make gpu-report``: everything only a GPU shows, in one command, as committed JSON.
 
-    python -m selfattn_lite.gpu_report --out figures/gpu            # on a CUDA machine (~6 min on an H200)
-    python -m selfattn_lite.gpu_report --out figures/gpu --dry-run  # anywhere: the same code, tiny sizes
+    python -m selfattn_lite.course.gpu_report --out figures/gpu            # on a CUDA machine (~6 min on an H200)
+    python -m selfattn_lite.course.gpu_report --out figures/gpu --dry-run  # anywhere: the same code, tiny sizes
 
 Sections run one after another, each in its own Python process with its own timeout, and each
 writes ``<out>/<section>.json`` when it finishes (``"status": "ok"``, or ``"failed"`` with the
@@ -42,10 +42,25 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Section", "SECTIONS", "GPU_DIR", "provenance", "calibrate", "package_tests", "run_section",
+__all__ = ["Section", "SECTIONS", "GPU_DIR", "find_gpu_dir", "provenance", "calibrate", "package_tests", "run_section",
            "run_report", "load", "show", "main"]
 
-GPU_DIR = Path(__file__).resolve().parents[1] / "figures" / "gpu"
+GPU_DIR = Path("figures") / "gpu"   # relative to the repository root, where `make gpu-report` runs
+# the folder that holds the selfattn_lite package: each section's process imports this same copy
+_IMPORT_ROOT = Path(importlib.import_module("selfattn_lite").__file__).resolve().parent.parent
+
+
+def find_gpu_dir(start: str | Path | None = None) -> Path:
+    """``figures/gpu`` of the course, looked up from ``start`` (default: the caller's working folder) upwards.
+
+    A notebook runs in ``notebooks/`` and ``make`` in the repository root: both find the same folder,
+    and the module never guesses the repository from where its own file lies.
+    """
+    start = Path.cwd() if start is None else Path(start)
+    for folder in (start, *start.resolve().parents):
+        if (folder / GPU_DIR).is_dir():
+            return folder / GPU_DIR
+    return start / GPU_DIR
 DRY_RUN_DIR = "dry-run"
 
 
@@ -59,22 +74,22 @@ class Section:
 
 
 SECTIONS: list[Section] = [
-    Section("provenance", "selfattn_lite.gpu_report:provenance", 60),
-    Section("calibrate", "selfattn_lite.gpu_report:calibrate", 60),
-    Section("tests", "selfattn_lite.gpu_report:package_tests", 150),
-    Section("nb01", "selfattn_lite.gpu_sections:nb01", 30),
-    Section("nb02", "selfattn_lite.gpu_sections:nb02", 30),
-    Section("nb03", "selfattn_lite.gpu_sections:nb03", 30),
-    Section("nb04", "selfattn_lite.gpu_sections:nb04", 45),
-    Section("nb05", "selfattn_lite.gpu_sections:nb05", 30),
-    Section("nb06", "selfattn_lite.gpu_sections:nb06", 30),
-    Section("nb07", "selfattn_lite.gpu_sections:nb07", 30),
-    Section("nb08", "selfattn_lite.gpu_sections:nb08", 90),
-    Section("nb09", "selfattn_lite.gpu_sections:nb09", 30),
-    Section("nb10", "selfattn_lite.gpu_sections:nb10", 45),
+    Section("provenance", "selfattn_lite.course.gpu_report:provenance", 60),
+    Section("calibrate", "selfattn_lite.course.gpu_report:calibrate", 60),
+    Section("tests", "selfattn_lite.course.gpu_report:package_tests", 150),
+    Section("nb01", "selfattn_lite.course.gpu_sections:nb01", 30),
+    Section("nb02", "selfattn_lite.course.gpu_sections:nb02", 30),
+    Section("nb03", "selfattn_lite.course.gpu_sections:nb03", 30),
+    Section("nb04", "selfattn_lite.course.gpu_sections:nb04", 45),
+    Section("nb05", "selfattn_lite.course.gpu_sections:nb05", 30),
+    Section("nb06", "selfattn_lite.course.gpu_sections:nb06", 30),
+    Section("nb07", "selfattn_lite.course.gpu_sections:nb07", 30),
+    Section("nb08", "selfattn_lite.course.gpu_sections:nb08", 90),
+    Section("nb09", "selfattn_lite.course.gpu_sections:nb09", 30),
+    Section("nb10", "selfattn_lite.course.gpu_sections:nb10", 45),
     # Part II: one line each
-    Section("nb11", "selfattn_lite.gpu_sections:nb11", 120),
-    Section("nb15", "selfattn_lite.gpu_sections:nb15", 240),
+    Section("nb11", "selfattn_lite.course.gpu_sections:nb11", 120),
+    Section("nb15", "selfattn_lite.course.gpu_sections:nb15", 240),
 ]
 
 
@@ -160,7 +175,9 @@ DRY_RUN_TESTS = ["tests/test_bench.py", "-k", "ulp_of_bf16"]
 
 def package_tests(ctx) -> dict:
     """pytest on the package's device tests (a few fast ones in a dry run); the output's tail is kept."""
-    root = Path(__file__).resolve().parents[1]
+    root = Path.cwd()           # the repository root: `make gpu-report` runs there, sections inherit it
+    if not (root / "tests").is_dir():
+        raise FileNotFoundError(f"no tests/ folder in {root}: run the GPU report from the repository root")
     args = DRY_RUN_TESTS if ctx.tiny else TEST_FILES
     env = dict(os.environ, CI="1", PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     # one process (-n 0, no xdist workers): the tests share the one GPU
@@ -231,12 +248,11 @@ def run_report(out: str | Path, *, dry_run: bool, sections: list[Section] | None
         sections = [s for s in sections if s.name in only]
     out.mkdir(parents=True, exist_ok=True)
     report = dict(dry_run=dry_run, started=time.strftime("%Y-%m-%dT%H:%M:%S%z"), sections=[])
-    root = Path(__file__).resolve().parents[1]
-    env = dict(os.environ, PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = dict(os.environ, PYTHONPATH=str(_IMPORT_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     total = time.perf_counter()
     for section in sections:
-        cmd = [sys.executable, "-m", "selfattn_lite.gpu_report", "--out", str(out), "--section", section.name,
+        cmd = [sys.executable, "-m", "selfattn_lite.course.gpu_report", "--out", str(out), "--section", section.name,
                "--target", section.target, *(["--dry-run"] if dry_run else [])]
         start = time.perf_counter()
         if not isolate:
@@ -272,7 +288,7 @@ def _run_isolated(section: Section, out: Path, cmd: list[str], env: dict) -> tup
 # --------------------------------------------------------------------------------------------- notebooks
 def load(section: str, directory: str | Path | None = None) -> dict | None:
     """A section's record from a GPU run (``figures/gpu/<section>.json``), or None if there is none."""
-    path = Path(directory or GPU_DIR) / f"{section}.json"
+    path = Path(directory or find_gpu_dir()) / f"{section}.json"
     if not path.is_file():
         return None
     record = json.loads(path.read_text())

@@ -5,8 +5,8 @@ from __future__ import annotations
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from ..masks import document_mask
-from ..viz.serving import draw_policy
+from ...masks import document_mask
+from ...viz.serving import draw_policy
 
 __all__ = ["draw_cache_policies", "FIGURES"]
 

@@ -1,6 +1,6 @@
 """The course as a static, offline website.
 
-    python -m selfattn_lite.site [OUT]          # what `make site` runs; OUT defaults to _site
+    python -m selfattn_lite.course.site [OUT]          # what `make site` runs; OUT defaults to _site
 
 stages ``OUT/src``: every numbered notebook with its committed outputs (never executed), the
 figures they show, ``site/`` (Sphinx configuration, the explorer page and its script), a home page
@@ -29,7 +29,7 @@ from .badges import as_text_links
 
 __all__ = ["ROOT", "notebook_info", "prepare_notebook", "index_page", "stage", "build"]
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the repository: selfattn_lite/course/site.py
 WIDGET = "application/vnd.jupyter.widget-view+json"
 WIDGET_NOTE = ("<p class=\"widget-note\"><em>Interactive widget: it runs in Jupyter (make lab, Binder or Colab). "
                "The static figure beside it shows the same view.</em></p>")
@@ -126,7 +126,7 @@ def build(out: str | Path = "_site", root: str | Path = ROOT) -> Path:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m selfattn_lite.site", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m selfattn_lite.course.site", description=__doc__.split("\n\n")[0])
     parser.add_argument("out", nargs="?", default="_site", help="output folder (default: _site)")
     print(build(parser.parse_args(argv).out))
 

@@ -6,7 +6,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
-from ..viz.kv import KV_COLORS, draw_head_sharing
+from ...viz.kv import KV_COLORS, draw_head_sharing
 
 __all__ = ["draw_prefill_decode", "draw_head_sharing_figure", "FIGURES"]
 

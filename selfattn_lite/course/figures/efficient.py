@@ -9,8 +9,8 @@ import torch
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from ..efficient import sliding_window_mask
-from ..viz.tiles import TILE_COLORS, draw_tile_plan
+from ...efficient import sliding_window_mask
+from ...viz.tiles import TILE_COLORS, draw_tile_plan
 
 __all__ = ["ONLINE_SOFTMAX_SCORES", "draw_online_softmax", "draw_explicit_vs_tiled", "draw_patterns", "FIGURES"]
 

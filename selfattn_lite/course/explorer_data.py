@@ -1,6 +1,6 @@
 """Attention weights precomputed for the kernel-free explorer page of the course website.
 
-    python -m selfattn_lite.explorer_data OUT_FOLDER
+    python -m selfattn_lite.course.explorer_data OUT_FOLDER
 
 runs every sentence in ``SENTENCES`` through both models the course explores, the pretrained
 encoder all-MiniLM-L6-v2 (``selfattn_lite.explore.explore``) and the course's tiny causal decoder
@@ -75,8 +75,8 @@ def _entry(maps, causal: bool) -> dict:
 
 def precompute(sentences=SENTENCES) -> dict:
     """Every sentence through both models: the dictionary the page reads."""
-    from .explore import explore, explore_decoder
-    from .models import load_tiny_decoder
+    from ..explore import explore, explore_decoder
+    from ..models import load_tiny_decoder
 
     decoder = load_tiny_decoder()
     out = {"scale": SCALE, "sentences": list(sentences), "models": {}}
@@ -102,7 +102,7 @@ def write(folder: str | Path, data: dict | None = None) -> list[Path]:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m selfattn_lite.explorer_data",
+    parser = argparse.ArgumentParser(prog="python -m selfattn_lite.course.explorer_data",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("folder", nargs="?", default=".",
                         help="where to write explorer_data.json and .js (default: the current folder)")

@@ -1,8 +1,8 @@
 """Train the tiny character-level decoder shipped with the package.
 
-    python -m selfattn_lite.train_tiny            # writes selfattn_lite/data/tiny_decoder.*
-    python -m selfattn_lite.train_tiny --position alibi --name tiny_decoder_alibi
-    python -m selfattn_lite.train_tiny --init-from selfattn_lite/data/tiny_decoder.safetensors \
+    python -m selfattn_lite.course.train_tiny            # writes selfattn_lite/data/tiny_decoder.*
+    python -m selfattn_lite.course.train_tiny --position alibi --name tiny_decoder_alibi
+    python -m selfattn_lite.course.train_tiny --init-from selfattn_lite/data/tiny_decoder.safetensors \
         --rope-scaling '{"kind": "linear", "factor": 4}' --seq-len 2048 --steps 40 --name tiny_decoder_pi
 
 It runs once (a few minutes on two CPU cores); the notebooks and tests load its output
@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from .models import (
+from ..models import (
     CONFIG_FILE,
     TEXT_FILE,
     WEIGHTS_FILE,

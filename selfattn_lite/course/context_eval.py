@@ -1,6 +1,6 @@
 """Context extension measured on the tiny decoder (notebook 12).
 
-    python -m selfattn_lite.context_eval      # writes selfattn_lite/data/context_eval.json
+    python -m selfattn_lite.course.context_eval      # writes selfattn_lite/data/context_eval.json
 
 The shipped decoder was trained on 512-character windows. Loaded with ``max_len=2048`` and
 a RoPE ``rope_scaling`` (factor s = 4), it reads held-out windows four times longer; the
@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from .models import DATA_DIR, CharTokenizer, TinyDecoder, load_text, load_tiny_decoder, split_text
+from ..models import DATA_DIR, CharTokenizer, TinyDecoder, load_text, load_tiny_decoder, split_text
 
 __all__ = ["TRAINED_LEN", "TARGET_LEN", "FACTOR", "BUCKET", "ZERO_SHOT", "FINE_TUNED", "ALIBI", "RESULTS_FILE",
            "scalings", "held_out_ids", "eval_windows", "load_method", "loss_per_position", "bucket_means",

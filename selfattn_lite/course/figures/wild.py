@@ -8,7 +8,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
 
-from ..masks import causal_mask
+from ...masks import causal_mask
 
 __all__ = ["graph_adjacency", "pattern_masks", "draw_attention_patterns", "FIGURES"]
 

@@ -1,6 +1,6 @@
 """Notebook 08's benchmark: explicit, tiled and fused attention at growing n, time and memory.
 
-    python -m selfattn_lite.bench_efficient --out figures/bench_efficient_cpu.json
+    python -m selfattn_lite.course.bench_efficient --out figures/bench_efficient_cpu.json
 
 writes a JSON of every measurement and, next to it, a plot (same name, .png). On CUDA
 (bf16, n up to 16k) or on CPU (float32, n up to 4k), whichever is present, or ``--device``.
@@ -33,9 +33,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from ..attention import scaled_dot_product_attention
+from ..efficient import default_block_size, flash_attention, peak_memory
 from . import bench
-from .attention import scaled_dot_product_attention
-from .efficient import default_block_size, flash_attention, peak_memory
 
 __all__ = ["IMPLS", "default_config", "attention_inputs", "implementations", "interleaved_min_times", "measure",
            "bench_rows", "check_targets",
@@ -281,7 +281,7 @@ def command_line(module: str, description: str, run, argv=None, *, what: str = "
 
 
 def main(argv=None) -> None:
-    command_line("selfattn_lite.bench_efficient", __doc__.splitlines()[0], run, argv)
+    command_line("selfattn_lite.course.bench_efficient", __doc__.splitlines()[0], run, argv)
 
 
 if __name__ == "__main__":

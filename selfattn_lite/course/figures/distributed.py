@@ -3,8 +3,8 @@ which of those blocks a causal mask lets it skip (contiguous layout) or halve (z
 
 from __future__ import annotations
 
-from ..distributed import _tiles, ring_schedule, shard_segments
-from ..viz.ring import RANK_COLORS
+from ...distributed import _tiles, ring_schedule, shard_segments
+from ...viz.ring import RANK_COLORS
 from ._draw import GREY, box, diagram
 
 __all__ = ["draw_ring_schedule", "FIGURES"]

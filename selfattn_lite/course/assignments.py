@@ -1,6 +1,6 @@
 """Autograded assignments: the course notebooks as an nbgrader course.
 
-    python -m selfattn_lite.assignments notebooks assignments      # what `make assignments` runs
+    python -m selfattn_lite.course.assignments notebooks assignments      # what `make assignments` runs
 
 writes an nbgrader course directory ``assignments/``:
 
@@ -40,7 +40,7 @@ BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 CHECK_CALL = re.compile(r"^\s*check\.(check_\w+)\((.*)\)\s*$", re.S)
 RAISE_LINE = re.compile(r"^(\s*)raise NotImplementedError(\(\))?\s*$")
 
-CONFIG = f'''# nbgrader configuration of the selfattn-course assignments (written by selfattn_lite.assignments).
+CONFIG = f'''# nbgrader configuration of the selfattn-course assignments (written by selfattn_lite.course.assignments).
 c = get_config()  # noqa: F821
 c.CourseDirectory.course_id = "selfattn-course"
 # the course's own stub: a release cell then reads exactly like the course's exercise cell
@@ -213,7 +213,8 @@ def generate(src: str | Path = "notebooks", course: str | Path = "assignments") 
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m selfattn_lite.assignments", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m selfattn_lite.course.assignments",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("src", nargs="?", default="notebooks", help="folder of NN_*.ipynb (default: notebooks)")
     parser.add_argument("course", nargs="?", default="assignments",
                         help="the nbgrader course folder to write (default: assignments)")
