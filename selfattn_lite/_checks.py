@@ -12,7 +12,7 @@ import numbers
 import torch
 from torch import Tensor
 
-__all__ = ["shape_str", "is_int", "check_int", "check_positive_int", "check_tensor", "check_mask"]
+__all__ = ["shape_str", "is_int", "is_real", "check_int", "check_positive_int", "check_tensor", "check_mask"]
 
 
 def shape_str(t) -> str:
@@ -24,6 +24,11 @@ def shape_str(t) -> str:
 def is_int(n) -> bool:
     """A Python or NumPy integer, but not a bool."""
     return isinstance(n, numbers.Integral) and not isinstance(n, bool)
+
+
+def is_real(x) -> bool:
+    """A Python or NumPy int or float (numbers.Real), but not a bool."""
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
 
 
 def check_int(name: str, n, *, low: int = 0, high: int | None = None) -> int:

@@ -888,7 +888,7 @@ def attention_worker(cases: list[dict]) -> list:
         bytes sent by kind and score entries), "kv_bytes" (bytes of this rank's K/V shard),
         "peak_bytes" (peak memory of the forward, when the case asks "measure_memory")} or None.
     """
-    from .efficient import peak_memory
+    from .course.memory import peak_memory
 
     groups = {}
     for case in cases:

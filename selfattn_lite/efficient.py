@@ -14,18 +14,14 @@ explicit attention, with O(block_q x block_k) extra memory per head.
 
 Also here: the tile plan (which tiles are computed, masked or skipped), sliding-window
 (local) attention, linear attention with a feature map, its recurrent form with a
-fixed-size state, and ``peak_memory`` (how the notebook measures memory on CPU and CUDA).
+fixed-size state. (How notebook 08 measures memory is course machinery: ``course.memory``.)
 """
 
 from __future__ import annotations
 
 import enum
-import json
 import math
-import os
-import tempfile
 from collections.abc import Callable
-from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -53,7 +49,6 @@ __all__ = [
     "random_feature_map",
     "linear_attention",
     "linear_attention_step",
-    "peak_memory",
 ]
 
 # (block_q, block_k) when none is given. CPU: 256 queries x 512 keys, large enough that each tile
@@ -551,70 +546,3 @@ def linear_attention_step(state: tuple[Tensor, Tensor] | None, q: Tensor, k: Ten
     z = z + phi_k                                                 # (..., m)
     out = (phi_q.unsqueeze(-2) @ kv).squeeze(-2) / ((phi_q * z).sum(-1, keepdim=True) + eps)
     return out, (kv, z)
-
-
-# ---------------------------------------------------------------------------------------------
-# Measuring peak memory
-# ---------------------------------------------------------------------------------------------
-
-@contextmanager
-def _quiet_stderr():
-    """Silence C++ writes to file descriptor 2 (the profiler's start/stop log lines)."""
-    try:
-        fd = os.dup(2)
-    except OSError:       # no real stderr (some embedded interpreters): nothing to silence
-        yield
-        return
-    try:
-        with open(os.devnull, "w") as devnull:
-            os.dup2(devnull.fileno(), 2)
-            yield
-    finally:
-        os.dup2(fd, 2)
-        os.close(fd)
-
-
-def _cpu_peak_bytes(fn: Callable[[], object]) -> tuple[int, object]:
-    from torch.profiler import ProfilerActivity, profile
-
-    with _quiet_stderr(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        result = fn()
-    # The trace (Chrome trace format) logs every allocation (+bytes) and free (-bytes) the CPU
-    # allocator made as a "[memory]" event. prof.events() only keeps each op's net change, which
-    # hides the scratch buffers an op frees before it returns; the trace keeps every one.
-    with tempfile.TemporaryDirectory() as folder:
-        path = os.path.join(folder, "trace.json")
-        prof.export_chrome_trace(path)
-        with open(path) as f:
-            events = [e for e in json.load(f)["traceEvents"] if e.get("name") == "[memory]"]
-    events.sort(key=lambda e: float(e["ts"]))
-    live = peak = 0
-    for e in events:
-        live += e["args"]["Bytes"]
-        peak = max(peak, live)
-    return peak, result
-
-
-def peak_memory(fn: Callable[[], object], device: torch.device | str = "cpu") -> int:
-    """Peak bytes allocated while ``fn()`` runs, above what was allocated before.
-
-    CUDA: ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats`` (the caching
-    allocator's own count). CPU: torch's profiler with ``profile_memory=True`` logs every
-    allocation and free of the CPU allocator, including the scratch buffers inside fused
-    kernels, in the trace it exports; we replay them in time order and keep the highest running total. The result
-    (typically the output) is kept alive until the measurement ends, so it counts.
-    Tensors created before the call (the inputs) do not count.
-    """
-    device = torch.device(device)
-    with torch.no_grad():
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-            torch.cuda.reset_peak_memory_stats(device)
-            before = torch.cuda.memory_allocated(device)
-            result = fn()
-            torch.cuda.synchronize(device)
-            peak = torch.cuda.max_memory_allocated(device) - before
-        else:
-            peak, result = _cpu_peak_bytes(fn)
-    del result
-    return int(peak)

@@ -33,7 +33,8 @@ from ._checks import check_int, shape_str
 from .kv_cache import KVCache
 from .masks import to_additive
 from .multihead import MultiHeadAttention
-from .positions import RotaryEmbedding, alibi_bias, validate_scaling
+from .positions import RotaryEmbedding, alibi_bias
+from .rope_scaling import validate_scaling
 
 __all__ = [
     "DecoderConfig",

@@ -4,19 +4,16 @@ Each pitfall is the broken code the way it is usually written (``broken_*``, a f
 fix (``fixed_*``), and a demo that runs both on small seeded inputs and returns a ``Demo``: what
 was measured, whether the symptom showed up with the broken code, and whether the fix removed it.
 
-A demo is registered once, by the ``@pitfall(name, title, notebook, symptom)`` line above it:
-``PITFALLS`` maps each name to its ``Pitfall`` entry (its description, demo, and for four of
-them the attention weights to draw, ``weights``). ``run_all()`` runs every demo
+A demo is registered once, by the ``@pitfall(name, title, notebook, symptom)`` line above it
+(the registry is ``pitfall_registry``): ``PITFALLS`` maps each name to its ``Pitfall`` entry (its
+description, demo, and for four of them the attention weights to draw, ``weights``). ``run_all()`` runs every demo
 (tests/test_pitfalls.py does, and so does notebook 09); ``pitfall_weights`` gives the pictured
 weights, which ``viz.PitfallWidget`` draws.
 """
 
 from __future__ import annotations
 
-import functools
 import math
-from collections.abc import Callable
-from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -24,6 +21,7 @@ from torch import Tensor, nn
 
 from .attention import scaled_dot_product_attention
 from .masks import causal_mask
+from .pitfall_registry import PITFALLS, Demo, Pitfall, Weights, pitfall, run_all
 
 __all__ = [
     "Demo",
@@ -66,97 +64,14 @@ __all__ = [
 ]
 
 
-@dataclass
-class Demo:
-    """One pitfall, run: the measurements, and whether the symptom and the fix were observed.
+# ---------------------------------------------------------------------------------------------
+# 1. Missing 1/sqrt(dk)
+# ---------------------------------------------------------------------------------------------
 
-    A demo function returns the first three fields; its ``@pitfall`` line fills in the rest.
-    """
-
-    measured: dict
-    symptom_seen: bool                 # the broken code shows the symptom
-    fix_works: bool                    # the fixed code does not, and matches the reference
-    name: str = ""
-    title: str = ""
-    notebook: str = ""                 # the notebook that teaches the right way
-    symptom: str = ""                  # what goes wrong, in words
-
-    @property
-    def ok(self) -> bool:
-        return self.symptom_seen and self.fix_works
-
-
-Weights = tuple[Tensor, Tensor | None]     # (L, S) attention weights, and the mask (True = masked) if any
-Code = Callable | tuple[Callable, ...]      # the broken or the fixed code of a pitfall: functions, classes
-
-
-@dataclass(frozen=True)
-class Pitfall:
-    """One registered pitfall: what goes wrong, its demo, its code, and (for some) the weights to draw.
-
-    ``broken`` / ``fixed``: the functions or classes with the bug and with its fix (empty where the
-    demo writes both inline, a line or two each).
-    ``weights(fixed)``: the (L, S) weights with the broken (False) or fixed (True) code, and the
-    mask (True = masked) if any; ``picture`` is the title they are drawn under.
-    """
-
-    name: str
-    title: str
-    notebook: str
-    symptom: str
-    demo: Callable[[], Demo]
-    broken: tuple[Callable, ...] = ()
-    fixed: tuple[Callable, ...] = ()
-    picture: str | None = None
-    weights: Callable[[bool], Weights] | None = None
-
-
-PITFALLS: dict[str, Pitfall] = {}
-
-
-def pitfall(name: str, title: str, notebook: str, symptom: str, *, broken: Code = (), fixed: Code = (),
-            picture: str | None = None, weights: Callable[[bool], Weights] | None = None):
-    """Register the decorated demo as pitfall ``name``; the demo then returns a complete ``Demo``.
-
-    ``broken`` and ``fixed``: the function(s) or class(es) holding the bug and its fix, where they
-    are separate from the demo; ``picture`` and ``weights``: see ``Pitfall``.
-    """
-    if name in PITFALLS:
-        raise ValueError(f"pitfall {name!r} is already registered")
-
-    def register(measure: Callable[..., Demo]) -> Callable[..., Demo]:
-        @functools.wraps(measure)
-        def demo(*args, **kwargs) -> Demo:
-            return replace(measure(*args, **kwargs), name=name, title=title, notebook=notebook, symptom=symptom)
-
-        PITFALLS[name] = Pitfall(name, title, notebook, symptom, demo, _as_tuple(broken), _as_tuple(fixed),
-                                 picture, weights)
-        return demo
-
-    return register
-
-
-def _as_tuple(code: Code) -> tuple[Callable, ...]:
-    return code if isinstance(code, tuple) else (code,)
-
-
-def run_all() -> list[Demo]:
-    """Run every demonstration, in the order they are registered (numbered) here."""
-    return [p.demo() for p in PITFALLS.values()]
-
-
-def _gen(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
-
-
-def _close(a: Tensor, b: Tensor, atol: float = 1e-5, rtol: float = 1e-4) -> bool:
-    return a.shape == b.shape and bool(torch.allclose(a.float(), b.float(), atol=atol, rtol=rtol))
-
-
-def _picture_qk(L: int, S: int, d: int) -> tuple[Tensor, Tensor]:
-    """The seeded (L, d) queries and (S, d) keys the pictures use."""
-    g = _gen(90)
-    return torch.randn(L, d, generator=g), torch.randn(S, d, generator=g)
+def broken_no_scale(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    """softmax(Q K^T) V: the scale is missing."""
+    weights = torch.softmax(q @ k.transpose(-2, -1), dim=-1)
+    return weights @ v, weights
 
 
 def fixed_attention(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
@@ -165,16 +80,6 @@ def fixed_attention(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
     q (..., L, dk), k (..., S, dk), v (..., S, dv) -> output (..., L, dv) and weights (..., L, S).
     """
     weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1)
-    return weights @ v, weights
-
-
-# ---------------------------------------------------------------------------------------------
-# 1. Missing 1/sqrt(dk)
-# ---------------------------------------------------------------------------------------------
-
-def broken_no_scale(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-    """softmax(Q K^T) V: the scale is missing."""
-    weights = torch.softmax(q @ k.transpose(-2, -1), dim=-1)
     return weights @ v, weights
 
 
@@ -683,3 +588,21 @@ def pitfall_weights(name: str, fixed: bool) -> Weights:
     if name not in HEATMAP_PITFALLS:
         raise ValueError(f"name must be one of {list(HEATMAP_PITFALLS)}, got {name!r}")
     return PITFALLS[name].weights(fixed)
+
+
+# ---------------------------------------------------------------------------------------------
+# Small helpers the demos share
+# ---------------------------------------------------------------------------------------------
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def _close(a: Tensor, b: Tensor, atol: float = 1e-5, rtol: float = 1e-4) -> bool:
+    return a.shape == b.shape and bool(torch.allclose(a.float(), b.float(), atol=atol, rtol=rtol))
+
+
+def _picture_qk(L: int, S: int, d: int) -> tuple[Tensor, Tensor]:
+    """The seeded (L, d) queries and (S, d) keys the pictures use."""
+    g = _gen(90)
+    return torch.randn(L, d, generator=g), torch.randn(S, d, generator=g)

@@ -13,7 +13,8 @@ from torch import nn
 from selfattn_lite import encoder
 from selfattn_lite import explore as ex
 from selfattn_lite.course import bench
-from selfattn_lite.efficient import flash_attention, peak_memory
+from selfattn_lite.course.memory import peak_memory
+from selfattn_lite.efficient import flash_attention
 from selfattn_lite.kv_cache import KVCache
 from selfattn_lite.models import DecoderConfig, TinyDecoder, to_gqa
 from selfattn_lite.positions import RotaryEmbedding

@@ -340,7 +340,7 @@ def test_a_failing_rank_raises_with_its_traceback_and_a_hung_one_times_out():
 
 def test_peak_memory_of_a_rank_is_a_fraction_of_one_process():
     from selfattn_lite import attention
-    from selfattn_lite.efficient import peak_memory
+    from selfattn_lite.course.memory import peak_memory
 
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 4, 256, 16, generator=gen) for _ in range(3))

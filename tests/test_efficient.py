@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 import selfattn_lite as sal
 from selfattn_lite import efficient as eff
+from selfattn_lite.course.memory import peak_memory
 from selfattn_lite.efficient import (
     FULL,
     PARTIAL,
@@ -19,7 +20,6 @@ from selfattn_lite.efficient import (
     linear_attention,
     linear_attention_step,
     online_softmax,
-    peak_memory,
     random_feature_map,
     sliding_window_attention,
     sliding_window_mask,

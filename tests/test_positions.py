@@ -31,16 +31,12 @@ from selfattn_lite.positions import (
     apply_rotary,
     half_to_interleaved_permutation,
     interleaved_to_half_permutation,
-    llama3_inv_freq,
-    ntk_base,
     permute_qk_rows,
     rope_inv_freq,
     scaled_inv_freq,
     sinusoidal_encoding,
-    validate_scaling,
-    yarn_attention_scaling,
-    yarn_keep,
 )
+from selfattn_lite.rope_scaling import llama3_inv_freq, ntk_base, validate_scaling, yarn_attention_scaling, yarn_keep
 
 logging.getLogger("transformers").setLevel(logging.ERROR)  # config validation chatter
 

@@ -322,9 +322,9 @@ def sdpa_backends(fn: Callable[[], object]) -> list[str]:
     """
     from torch.profiler import ProfilerActivity, profile
 
-    from ..efficient import _quiet_stderr
+    from .memory import quiet_stderr
 
-    with torch.no_grad(), _quiet_stderr(), profile(activities=[ProfilerActivity.CPU]) as prof:
+    with torch.no_grad(), quiet_stderr(), profile(activities=[ProfilerActivity.CPU]) as prof:
         fn()
     found = []
     for event in prof.events():

@@ -13,7 +13,7 @@ torch SDPA's with ``assert_close``.
   saved log-sum-exp and keeps only O(n) per head;
 * torch SDPA: ``F.scaled_dot_product_attention`` (its fused CPU kernel has its own tiled backward).
 
-Peak memory comes from ``efficient.peak_memory`` (CPU: the profiler's allocation log;
+Peak memory comes from ``memory.peak_memory`` (CPU: the profiler's allocation log;
 CUDA: the caching allocator's peak), above the inputs; the gradients themselves count.
 
 The targets (issue 14), at n = 4096, B = 1, h = 8, dk = 64, float32 on CPU: the tiled version's
@@ -32,9 +32,10 @@ import torch
 import torch.nn.functional as F
 
 from ..attention import scaled_dot_product_attention
-from ..efficient import flash_attention, peak_memory
+from ..efficient import flash_attention
 from . import bench
 from .bench_efficient import EXPLICIT, SDPA, TILED, attention_inputs, command_line, provenance, save, target_ratios
+from .memory import peak_memory
 
 __all__ = ["TARGET_MEMORY_RATIO", "TARGET_TIME_RATIO", "forward_backward", "implementations", "measure",
            "check_targets", "run", "main"]

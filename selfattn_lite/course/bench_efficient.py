@@ -7,7 +7,7 @@ writes a JSON of every measurement and, next to it, a plot (same name, .png). On
 
 Each size is one ``bench.compare`` run: the three implementations are checked against torch
 SDPA with ``assert_close`` first, then timed one after the other, so their ratios come from
-the same minute of the same machine. Peak memory comes from ``efficient.peak_memory``
+the same minute of the same machine. Peak memory comes from ``memory.peak_memory``
 (CUDA: the caching allocator's peak counter; CPU: the profiler's allocation log).
 
 The performance targets (issue 7), checked at n = 4096, B = 1, h = 8, dk = 64, float32 on CPU:
@@ -34,8 +34,9 @@ import torch
 import torch.nn.functional as F
 
 from ..attention import scaled_dot_product_attention
-from ..efficient import default_block_size, flash_attention, peak_memory
+from ..efficient import default_block_size, flash_attention
 from . import bench
+from .memory import peak_memory
 
 __all__ = ["IMPLS", "default_config", "attention_inputs", "implementations", "interleaved_min_times", "measure",
            "bench_rows", "check_targets",

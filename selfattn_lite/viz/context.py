@@ -12,7 +12,8 @@ import numpy as np
 import torch
 from matplotlib.figure import Figure
 
-from ..positions import SCALING_KINDS, scaled_inv_freq
+from ..positions import scaled_inv_freq
+from ..rope_scaling import SCALING_KINDS
 from .core import HeatmapWidget
 from .positions import SCALING_COLORS, SCALING_LABELS, SCALING_STYLES
 

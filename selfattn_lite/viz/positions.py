@@ -15,7 +15,8 @@ import numpy as np
 import torch
 from matplotlib.figure import Figure
 
-from ..positions import SCALING_KINDS, apply_rotary, scaled_inv_freq
+from ..positions import apply_rotary, scaled_inv_freq
+from ..rope_scaling import SCALING_KINDS
 from .core import HeatmapWidget
 
 __all__ = ["SCALING_COLORS", "SCALING_LABELS", "rotate_pair", "draw_rope_rotation", "move_rope_rotation",

@@ -1,14 +1,64 @@
 """Widget of notebook 15: choose the Triton kernel's block sizes, see the work per program and the
-HBM traffic (``triton_attention.program_work`` and ``hbm_bytes``)."""
+HBM traffic (``triton_attention.program_work`` and ``hbm_bytes``); and the block map it draws (which
+key blocks each program loads, with or without a mask), also drawn in notebook 15's figures."""
 
 from __future__ import annotations
 
+import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.patches import Patch, Rectangle
 
-from ..triton_attention import hbm_bytes, program_grid, program_work
+from ..triton_attention import hbm_bytes, key_block_bounds, program_grid, program_work
 from .core import HeatmapWidget
 
-__all__ = ["TritonBlockWidget"]
+__all__ = ["TritonBlockWidget", "block_map", "draw_block_map"]
+
+# notebook 08's tile-plan colours (colorblind-safe)
+BLUE, ORANGE, GREY = "#0072B2", "#E69F00", "#999999"
+LIGHT_BLUE = "#56B4E9"
+UNMASKED, MASKED, NOT_LOADED = 2, 1, 0
+
+
+def block_map(L: int, S: int, block_m: int, block_n: int, is_causal: bool) -> np.ndarray:
+    """(ceil(L / block_m), ceil(S / block_n)) array: 2 = loaded without a mask, 1 = loaded and masked,
+    0 = never loaded, for each (program, key block) of the forward kernel (``key_block_bounds``)."""
+    rows = []
+    for q0 in range(0, L, block_m):
+        unmasked_end, end = key_block_bounds(q0, block_m, block_n, S, is_causal)
+        rows.append([UNMASKED if k0 < unmasked_end else MASKED if k0 < end else NOT_LOADED
+                     for k0 in range(0, S, block_n)])
+    return np.array(rows, dtype=np.int8)
+
+
+def draw_block_map(ax, L: int, S: int, block_m: int, block_n: int, is_causal: bool, *, label_programs=True,
+                   highlight: int | None = None) -> None:
+    """Draw ``block_map`` on ax: one row of blocks per program, in the colours of notebook 08's tile plan."""
+    plan = block_map(L, S, block_m, block_n, is_causal)
+    for m, row in enumerate(plan):
+        for b, kind in enumerate(row):
+            x0, y0 = b * block_n, m * block_m
+            w, h = min(block_n, S - x0), min(block_m, L - y0)
+            face = {UNMASKED: BLUE, MASKED: LIGHT_BLUE, NOT_LOADED: "white"}[int(kind)]
+            ax.add_patch(Rectangle((x0, y0), w, h, facecolor=face, edgecolor="#333333", linewidth=0.5,
+                                   hatch="//" if kind == NOT_LOADED else None))
+        if label_programs:
+            ax.text(-0.02 * S, m * block_m + min(block_m, L - m * block_m) / 2, f"program {m}", ha="right",
+                    va="center", fontsize=8)
+    if highlight is not None:
+        ax.add_patch(Rectangle((0, highlight * block_m), S, min(block_m, L - highlight * block_m), fill=False,
+                               edgecolor=ORANGE, linewidth=2.5))
+    ax.set_xlim(0, S)
+    ax.set_ylim(L, 0)
+    ax.set_aspect("equal")
+    ax.set_xlabel("key position j (blocks of block_n, one loop step each)")
+    if label_programs:
+        ax.set_yticks([])
+    else:
+        ax.set_ylabel("query position i")
+    ax.legend(handles=[Patch(color=BLUE, label="loaded, no mask (stage 1)"),
+                       Patch(color=LIGHT_BLUE, label="loaded, masked (stage 2)"),
+                       Patch(facecolor="white", edgecolor=GREY, hatch="//", label="never loaded")],
+              loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3, fontsize=8, frameon=False)
 
 POWERS = [16, 32, 64, 128, 256]
 
@@ -54,8 +104,6 @@ class TritonBlockWidget(HeatmapWidget):
                          is_causal=self.causal.value)
 
     def draw(self, fig: Figure) -> None:
-        from ..figures.flash_triton import draw_block_map
-
         n, bm, bn = self.n_slider.value, self.m_slider.value, self.n_block_slider.value
         ax_map, ax_bytes = fig.subplots(1, 2, gridspec_kw=dict(width_ratios=[1, 1.1]))
         draw_block_map(ax_map, n, n, bm, bn, self.causal.value, label_programs=False, highlight=self.grid[0] - 1)

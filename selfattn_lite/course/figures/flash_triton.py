@@ -3,61 +3,15 @@ over the key blocks (what stays on chip, what travels from HBM)."""
 
 from __future__ import annotations
 
-import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
-from matplotlib.patches import Patch, Rectangle
+from matplotlib.patches import Rectangle
 
-from ...triton_attention import key_block_bounds
-from ._draw import BLUE, GREY, ORANGE, arrow, box, diagram
+from ...viz.triton_blocks import LIGHT_BLUE, block_map, draw_block_map
+from ._draw import BLUE, ORANGE, arrow, box, diagram
 
+# block_map and draw_block_map are the widget's (viz.triton_blocks); the figures draw with them too
 __all__ = ["block_map", "draw_block_map", "draw_program_grid", "draw_program_loop", "FIGURES"]
-
-LIGHT_BLUE = "#56B4E9"
-UNMASKED, MASKED, NOT_LOADED = 2, 1, 0
-
-
-def block_map(L: int, S: int, block_m: int, block_n: int, is_causal: bool) -> np.ndarray:
-    """(ceil(L / block_m), ceil(S / block_n)) array: 2 = loaded without a mask, 1 = loaded and masked,
-    0 = never loaded, for each (program, key block) of the forward kernel (``key_block_bounds``)."""
-    rows = []
-    for q0 in range(0, L, block_m):
-        unmasked_end, end = key_block_bounds(q0, block_m, block_n, S, is_causal)
-        rows.append([UNMASKED if k0 < unmasked_end else MASKED if k0 < end else NOT_LOADED
-                     for k0 in range(0, S, block_n)])
-    return np.array(rows, dtype=np.int8)
-
-
-def draw_block_map(ax, L: int, S: int, block_m: int, block_n: int, is_causal: bool, *, label_programs=True,
-                   highlight: int | None = None) -> None:
-    """Draw ``block_map`` on ax: one row of blocks per program, in the colours of notebook 08's tile plan."""
-    plan = block_map(L, S, block_m, block_n, is_causal)
-    for m, row in enumerate(plan):
-        for b, kind in enumerate(row):
-            x0, y0 = b * block_n, m * block_m
-            w, h = min(block_n, S - x0), min(block_m, L - y0)
-            face = {UNMASKED: BLUE, MASKED: LIGHT_BLUE, NOT_LOADED: "white"}[int(kind)]
-            ax.add_patch(Rectangle((x0, y0), w, h, facecolor=face, edgecolor="#333333", linewidth=0.5,
-                                   hatch="//" if kind == NOT_LOADED else None))
-        if label_programs:
-            ax.text(-0.02 * S, m * block_m + min(block_m, L - m * block_m) / 2, f"program {m}", ha="right",
-                    va="center", fontsize=8)
-    if highlight is not None:
-        ax.add_patch(Rectangle((0, highlight * block_m), S, min(block_m, L - highlight * block_m), fill=False,
-                               edgecolor=ORANGE, linewidth=2.5))
-    ax.set_xlim(0, S)
-    ax.set_ylim(L, 0)
-    ax.set_aspect("equal")
-    ax.set_xlabel("key position j (blocks of block_n, one loop step each)")
-    if label_programs:
-        ax.set_yticks([])
-    else:
-        ax.set_ylabel("query position i")
-    ax.legend(handles=[Patch(color=BLUE, label="loaded, no mask (stage 1)"),
-                       Patch(color=LIGHT_BLUE, label="loaded, masked (stage 2)"),
-                       Patch(facecolor="white", edgecolor=GREY, hatch="//", label="never loaded")],
-              loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3, fontsize=8, frameon=False)
-
 
 def draw_program_grid() -> Figure:
     """Left: the launch grid, one program per (query block, batch * head). Right: what the programs of
