@@ -16,68 +16,18 @@ from torch import Tensor
 
 from ._checks import check_mask, shape_str
 
-__all__ = ["scaled_dot_product_attention", "attention_backward", "safe_softmax", "validate_qkv", "validate_mask"]
+__all__ = ["scaled_dot_product_attention", "attention_backward", "safe_softmax", "upcast_dtype", "validate_qkv",
+           "validate_mask"]
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 
 
-def validate_qkv(query: Tensor, key: Tensor, value: Tensor, *, enable_gqa: bool = False) -> None:
-    """Check that query (..., Hq, L, E), key (..., H, S, E), value (..., H, S, Ev) fit together.
+def upcast_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype attention is computed in: float32 for half-precision inputs, else the inputs' own.
 
-    Raises:
-        ValueError: naming the shapes when they do not fit.
+    Taught in notebook 09, "5 · float16 overflow of the scores".
     """
-    for name, t in (("query", query), ("key", key), ("value", value)):
-        if not isinstance(t, Tensor):
-            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() < 2:
-            raise ValueError(f"{name} must have at least 2 dims (..., seq, dim), got shape {shape_str(t)}")
-        if not t.is_floating_point():
-            raise ValueError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
-    if not (query.dtype == key.dtype == value.dtype):
-        raise ValueError(
-            f"query, key and value must share a dtype, got {query.dtype}, {key.dtype}, {value.dtype}"
-        )
-    if query.shape[-1] == 0:
-        raise ValueError(f"query and key need a non-empty last dim E, got query {shape_str(query)}")
-    if not (query.dim() == key.dim() == value.dim()):
-        raise ValueError(
-            "query, key and value must have the same number of dims, got "
-            f"query {shape_str(query)}, key {shape_str(key)}, value {shape_str(value)}"
-        )
-    if query.shape[-1] != key.shape[-1]:
-        raise ValueError(
-            f"query and key must share the last dim E: query {shape_str(query)} has E={query.shape[-1]}, "
-            f"key {shape_str(key)} has E={key.shape[-1]}"
-        )
-    if key.shape[:-1] != value.shape[:-1]:
-        raise ValueError(
-            f"key (..., S, E) and value (..., S, Ev) must agree except in the last dim: "
-            f"key {shape_str(key)}, value {shape_str(value)}"
-        )
-    q_lead, k_lead = list(query.shape[:-2]), list(key.shape[:-2])
-    if enable_gqa:
-        if query.dim() < 3:
-            raise ValueError(f"enable_gqa needs a head dim: query (..., Hq, L, E), got {shape_str(query)}")
-        hq, hkv = query.shape[-3], key.shape[-3]
-        if hq % hkv != 0:
-            raise ValueError(
-                f"enable_gqa: query heads Hq={hq} must be a multiple of key/value heads H={hkv} "
-                f"(query {shape_str(query)}, key {shape_str(key)})"
-            )
-        q_lead[-1] = k_lead[-1] = 1  # heads are matched by grouping, not broadcasting
-    try:
-        torch.broadcast_shapes(tuple(q_lead), tuple(k_lead))
-    except RuntimeError:
-        raise ValueError(
-            f"the batch/head dims of query {shape_str(query)} and key {shape_str(key)} do not broadcast"
-            + ("" if enable_gqa else " (different head counts need enable_gqa=True)")
-        ) from None
-
-
-def validate_mask(attn_mask: Tensor, scores_shape: torch.Size) -> None:
-    """Check that a mask is boolean or floating and broadcasts to the scores (..., L, S)."""
-    check_mask("attn_mask", attn_mask, scores_shape)
+    return torch.float32 if dtype in HALF_DTYPES else dtype
 
 
 def safe_softmax(scores: Tensor, dim: int = -1) -> Tensor:
@@ -142,7 +92,7 @@ def scaled_dot_product_attention(
         value = value.repeat_interleave(group, dim=-3)  # (..., Hq, S, Ev)
 
     dtype = query.dtype
-    compute = torch.float32 if dtype in HALF_DTYPES else dtype
+    compute = upcast_dtype(dtype)
     q, k, v = query.to(compute), key.to(compute), value.to(compute)
 
     scores = (q @ k.transpose(-2, -1)) * scale          # (..., Hq, L, S)
@@ -210,7 +160,7 @@ def attention_backward(
         raise ValueError(f"grad_out must have the inputs' dtype {q.dtype}, got {grad_out.dtype}")
     E = q.shape[-1]
     scale = 1.0 / math.sqrt(E) if scale is None else float(scale)
-    compute = torch.float32 if q.dtype in HALF_DTYPES else q.dtype
+    compute = upcast_dtype(q.dtype)
     qc, kc, vc, do = (t.to(compute) for t in (q, k, v, grad_out))
 
     group = q.shape[-3] // k.shape[-3] if enable_gqa else 1
@@ -232,3 +182,66 @@ def attention_backward(
     # broadcast leading dims: sum the gradient back to each input's own shape
     dq, dk, dv = dq.sum_to_size(q.shape), dk.sum_to_size(k.shape), dv.sum_to_size(v.shape)
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# Argument checks (shared by multihead and efficient)
+# ---------------------------------------------------------------------------------------------
+
+def validate_qkv(query: Tensor, key: Tensor, value: Tensor, *, enable_gqa: bool = False) -> None:
+    """Check that query (..., Hq, L, E), key (..., H, S, E), value (..., H, S, Ev) fit together.
+
+    Raises:
+        ValueError: naming the shapes when they do not fit.
+    """
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(t, Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() < 2:
+            raise ValueError(f"{name} must have at least 2 dims (..., seq, dim), got shape {shape_str(t)}")
+        if not t.is_floating_point():
+            raise ValueError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
+    if not (query.dtype == key.dtype == value.dtype):
+        raise ValueError(
+            f"query, key and value must share a dtype, got {query.dtype}, {key.dtype}, {value.dtype}"
+        )
+    if query.shape[-1] == 0:
+        raise ValueError(f"query and key need a non-empty last dim E, got query {shape_str(query)}")
+    if not (query.dim() == key.dim() == value.dim()):
+        raise ValueError(
+            "query, key and value must have the same number of dims, got "
+            f"query {shape_str(query)}, key {shape_str(key)}, value {shape_str(value)}"
+        )
+    if query.shape[-1] != key.shape[-1]:
+        raise ValueError(
+            f"query and key must share the last dim E: query {shape_str(query)} has E={query.shape[-1]}, "
+            f"key {shape_str(key)} has E={key.shape[-1]}"
+        )
+    if key.shape[:-1] != value.shape[:-1]:
+        raise ValueError(
+            f"key (..., S, E) and value (..., S, Ev) must agree except in the last dim: "
+            f"key {shape_str(key)}, value {shape_str(value)}"
+        )
+    q_lead, k_lead = list(query.shape[:-2]), list(key.shape[:-2])
+    if enable_gqa:
+        if query.dim() < 3:
+            raise ValueError(f"enable_gqa needs a head dim: query (..., Hq, L, E), got {shape_str(query)}")
+        hq, hkv = query.shape[-3], key.shape[-3]
+        if hq % hkv != 0:
+            raise ValueError(
+                f"enable_gqa: query heads Hq={hq} must be a multiple of key/value heads H={hkv} "
+                f"(query {shape_str(query)}, key {shape_str(key)})"
+            )
+        q_lead[-1] = k_lead[-1] = 1  # heads are matched by grouping, not broadcasting
+    try:
+        torch.broadcast_shapes(tuple(q_lead), tuple(k_lead))
+    except RuntimeError:
+        raise ValueError(
+            f"the batch/head dims of query {shape_str(query)} and key {shape_str(key)} do not broadcast"
+            + ("" if enable_gqa else " (different head counts need enable_gqa=True)")
+        ) from None
+
+
+def validate_mask(attn_mask: Tensor, scores_shape: torch.Size) -> None:
+    """Check that a mask is boolean or floating and broadcasts to the scores (..., L, S)."""
+    check_mask("attn_mask", attn_mask, scores_shape)

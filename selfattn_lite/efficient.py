@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ._checks import check_positive_int, shape_str
-from .attention import HALF_DTYPES, validate_qkv
+from .attention import upcast_dtype, validate_qkv
 
 __all__ = [
     "DEFAULT_BLOCK_SIZE",
@@ -281,26 +281,12 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, *, is_causal: bool = False,
     Raises:
         ValueError: on shapes that do not fit, or a bad block size or window.
     """
-    validate_qkv(q, k, v, enable_gqa=enable_gqa)
-    block_q, block_k = _block_sizes(default_block_size(q.device) if block_size is None else block_size)
-    L, S, E, Ev = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
-    if L == 0 or S == 0:
-        raise ValueError(f"flash_attention needs at least one query and one key, got q {tuple(q.shape)} "
-                         f"and k {tuple(k.shape)}")
-    below, above = _band(L, S, is_causal, window)
-    scale = 1.0 / math.sqrt(E) if scale is None else float(scale)
-    compute = torch.float32 if q.dtype in HALF_DTYPES else q.dtype
-
+    tiles = _tiles(q, k, v, is_causal, block_size, scale, window, enable_gqa)
+    L, Ev = q.shape[-2], v.shape[-1]
     if enable_gqa and q.shape[-3] != k.shape[-3]:       # autograd sums dK, dV over each group
-        group = q.shape[-3] // k.shape[-3]
-        k, v = k.repeat_interleave(group, dim=-3), v.repeat_interleave(group, dim=-3)   # (..., Hq, S, E)
-
+        k, v = _repeat_kv(q, k), _repeat_kv(q, v)       # (..., Hq, S, E)
     batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
-    q3 = q.expand(*batch, L, E).reshape(-1, L, E)       # (N, L, E), N = product of the batch dims
-    k3 = k.expand(*batch, S, E).reshape(-1, S, E)       # (N, S, E)
-    v3 = v.expand(*batch, S, Ev).reshape(-1, S, Ev)     # (N, S, Ev)
-
-    tiles = (scale, block_q, block_k, below, above, compute)
+    q3, k3, v3 = _flatten(q, batch), _flatten(k, batch), _flatten(v, batch)   # (N, L, E), (N, S, E), (N, S, Ev)
     out, lse2 = _FlashAttention.apply(q3, k3, v3, tiles)   # (N, L, Ev), (N, L, 1) base-2 lse
     out = out.reshape(*batch, L, Ev)
     if return_lse:
@@ -321,8 +307,10 @@ def _flash_forward(q: Tensor, k: Tensor, v: Tensor, tiles: tuple) -> tuple[Tenso
     return out, lse2
 
 
-def flash_attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse2: Tensor, grad_out: Tensor,
-                             tiles: tuple, grad_lse: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+def flash_attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, grad_out: Tensor, *,
+                             is_causal: bool = False, block_size=None, scale: float | None = None,
+                             window: int | None = None, enable_gqa: bool = False,
+                             grad_lse: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """FlashAttention's backward: dQ, dK, dV tile by tile, P recomputed from the log-sum-exp.
 
     The forward kept only O and lse; any tile of P comes back as P_tile = exp(S_tile - lse).
@@ -338,18 +326,40 @@ def flash_attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse2:
         dK_j += scale dS_ij^T Q_i
 
     Peak extra memory: a few (N, block_q, block_k) tiles, never (N, L, S). Tiles the forward
-    skipped (causal, window) are skipped here too.
+    skipped (causal, window) are skipped here too. The order is the package's for every backward:
+    the forward's inputs, then what it saved, then the incoming gradient.
 
     Args:
-        q: (N, L, E), k: (N, S, E), v: (N, S, Ev), out: (N, L, Ev), lse2: (N, L, 1) base-2
-            log-sum-exp from the forward, grad_out: (N, L, Ev).
-        tiles: (scale, block_q, block_k, below, above, compute dtype) as in the forward.
-        grad_lse: optional (N, L, 1) gradient with respect to the natural-log lse
-            (d lse / d S = P, so it adds P * grad_lse to dS).
+        q: (..., L, E), k: (..., S, E), v: (..., S, Ev): the forward's inputs.
+        out: (..., L, Ev) and lse: (..., L) natural-log log-sum-exp, what
+            ``flash_attention(q, k, v, return_lse=True)`` returned.
+        grad_out: (..., L, Ev), the gradient with respect to out.
+        is_causal, block_size, scale, window, enable_gqa: as given to ``flash_attention``.
+        grad_lse: optional (..., L) gradient with respect to lse (d lse / d S = P, so it adds
+            P * grad_lse to dS).
 
     Returns:
-        (dq, dk, dv) in the inputs' dtypes.
+        (dq, dk, dv) shaped and typed like q, k, v.
     """
+    tiles = _tiles(q, k, v, is_causal, block_size, scale, window, enable_gqa)
+    L, S, E, Ev = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
+    k_all, v_all = (_repeat_kv(q, k), _repeat_kv(q, v)) if enable_gqa and q.shape[-3] != k.shape[-3] else (k, v)
+    batch = torch.broadcast_shapes(q.shape[:-2], k_all.shape[:-2])
+    lse2 = (lse.to(tiles[-1]) * LOG2_E).unsqueeze(-1)                  # (..., L, 1): base 2, as the tiles use
+    grad_lse = None if grad_lse is None else grad_lse.unsqueeze(-1)
+    dq, dk, dv = _flash_backward(_flatten(q, batch), _flatten(k_all, batch), _flatten(v_all, batch),
+                                 _flatten(out, batch), _flatten(lse2, batch), _flatten(grad_out, batch), tiles,
+                                 None if grad_lse is None else _flatten(grad_lse, batch))
+    dq, dk, dv = dq.reshape(*batch, L, E), dk.reshape(*batch, S, E), dv.reshape(*batch, S, Ev)
+    if k_all is not k:                                                 # each K/V head served a group of query heads
+        dk, dv = _sum_groups(dk, k), _sum_groups(dv, v)
+    return dq.sum_to_size(q.shape), dk.sum_to_size(k.shape), dv.sum_to_size(v.shape)
+
+
+def _flash_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse2: Tensor, grad_out: Tensor,
+                    tiles: tuple, grad_lse: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """``flash_attention_backward`` on (N, L, E), (N, S, E), (N, S, Ev), a base-2 lse2 (N, L, 1) and the
+    tile tuple (scale, block_q, block_k, below, above, compute dtype) of the forward."""
     scale, block_q, block_k, below, above, compute = tiles
     L, S = q.shape[1], k.shape[1]
     dq = torch.zeros(q.shape, dtype=compute, device=q.device)        # (N, L, E)
@@ -400,8 +410,37 @@ class _FlashAttention(torch.autograd.Function):
         q, k, v, out, lse2 = ctx.saved_tensors
         # lse2 = lse / ln 2 was returned; the caller's natural-log lse = lse2 * ln 2 = lse2 / LOG2_E
         grad_lse = None if grad_lse2 is None else grad_lse2 * LOG2_E
-        dq, dk, dv = flash_attention_backward(q, k, v, out, lse2, grad_out, ctx.tiles, grad_lse)
+        dq, dk, dv = _flash_backward(q, k, v, out, lse2, grad_out, ctx.tiles, grad_lse)
         return dq, dk, dv, None
+
+
+def _tiles(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, block_size, scale, window, enable_gqa) -> tuple:
+    """Check q, k, v and the options; the tile tuple (scale, block_q, block_k, below, above, compute dtype)."""
+    validate_qkv(q, k, v, enable_gqa=enable_gqa)
+    block_q, block_k = _block_sizes(default_block_size(q.device) if block_size is None else block_size)
+    L, S, E = q.shape[-2], k.shape[-2], q.shape[-1]
+    if L == 0 or S == 0:
+        raise ValueError(f"flash_attention needs at least one query and one key, got q {tuple(q.shape)} "
+                         f"and k {tuple(k.shape)}")
+    below, above = _band(L, S, is_causal, window)
+    scale = 1.0 / math.sqrt(E) if scale is None else float(scale)
+    return scale, block_q, block_k, below, above, upcast_dtype(q.dtype)
+
+
+def _repeat_kv(q: Tensor, kv: Tensor) -> Tensor:
+    """(..., H, S, E) -> (..., Hq, S, E): K/V head j repeated for its g = Hq / H query heads."""
+    return kv.repeat_interleave(q.shape[-3] // kv.shape[-3], dim=-3)
+
+
+def _sum_groups(grad: Tensor, kv: Tensor) -> Tensor:
+    """(..., Hq, S, E) -> (..., H, S, E): the gradients of the g query heads one K/V head served, summed."""
+    H = kv.shape[-3]
+    return grad.unflatten(-3, (H, grad.shape[-3] // H)).sum(-3)
+
+
+def _flatten(t: Tensor, batch: torch.Size) -> Tensor:
+    """(..., T, E) broadcast to (*batch, T, E), then (N, T, E) with N = product of the batch dims."""
+    return t.expand(*batch, *t.shape[-2:]).reshape(-1, *t.shape[-2:])
 
 
 # ---------------------------------------------------------------------------------------------

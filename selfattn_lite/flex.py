@@ -62,11 +62,12 @@ def sink_window_mod(n_sink: int, window: int):
     return mask_mod
 
 
-def document_mod(doc_ids: Tensor, *, causal: bool = False):
+def document_mod(doc_ids: Tensor, *, is_causal: bool = False):
     """mask_mod of a packed sequence (``masks.document_mask``): same document (and causal).
 
     Args:
         doc_ids: (T,) integer document id per token (one packed row).
+        is_causal: also require kv_idx <= q_idx (default False, as ``masks.document_mask``).
     """
     doc_ids = torch.as_tensor(doc_ids)
     if doc_ids.dim() != 1 or doc_ids.is_floating_point() or doc_ids.dtype == torch.bool or len(doc_ids) < 1:
@@ -75,7 +76,7 @@ def document_mod(doc_ids: Tensor, *, causal: bool = False):
 
     def mask_mod(b, h, q_idx, kv_idx):
         same = doc_ids[q_idx] == doc_ids[kv_idx]
-        return same & (q_idx >= kv_idx) if causal else same
+        return same & (q_idx >= kv_idx) if is_causal else same
     return mask_mod
 
 

@@ -146,7 +146,7 @@ def _check_doc_ids(doc_ids) -> Tensor:
     return doc_ids
 
 
-def document_mask(doc_ids, *, causal: bool = False) -> Tensor:
+def document_mask(doc_ids, *, is_causal: bool = False) -> Tensor:
     """Block-diagonal mask of a packed sequence: token i sees token j only in its own document.
 
     Packing puts several documents in one row to avoid padding; this mask keeps them
@@ -155,16 +155,16 @@ def document_mask(doc_ids, *, causal: bool = False) -> Tensor:
 
     Args:
         doc_ids: (T,) or (B, T) integer document id of each token (e.g. 0 0 0 1 1 2 2 2).
-        causal: also require j <= i (a decoder).
+        is_causal: also require j <= i (a decoder). Default False, as every mask function here.
 
     Returns:
-        (T, T) or (B, T, T) bool, True = may attend (same document, and j <= i if causal).
+        (T, T) or (B, T, T) bool, True = may attend (same document, and j <= i if is_causal).
     """
     doc_ids = _check_doc_ids(doc_ids)
-    if not isinstance(causal, bool):
-        raise ValueError(f"causal must be True or False, got {causal!r}")
+    if not isinstance(is_causal, bool):
+        raise ValueError(f"is_causal must be True or False, got {is_causal!r}")
     same = doc_ids[..., :, None] == doc_ids[..., None, :]      # (..., T, T)
-    if causal:
+    if is_causal:
         T = doc_ids.shape[-1]
         same = same & torch.ones(T, T, dtype=torch.bool, device=doc_ids.device).tril()
     return same

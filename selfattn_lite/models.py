@@ -7,7 +7,7 @@
 
 ``model(ids, need_weights=True)`` also returns every layer's attention weights (what the
 explorer shows, ``explore.explore_decoder``). RoPE's cos and sin are computed once per
-forward and shared by every layer (``RotaryEmbedding.shared_angles``).
+forward (``rope.angles(positions)``) and passed to every layer explicitly.
 
 ``TinyDecoder.generate`` decodes greedily, with a KV cache (one ``KVCache`` per layer:
 prefill the prompt once, then one token per step) or without one (re-run the whole
@@ -19,7 +19,6 @@ context at every step). Both give the same tokens; the cache only saves work.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 from dataclasses import asdict, dataclass, fields
@@ -77,7 +76,8 @@ class DecoderConfig:
         norm: "rmsnorm" or "layernorm".
         tie_embeddings: reuse the embedding matrix as the output layer.
         dropout: dropout on each block's two residual branches (training only).
-        causal: the causal mask (False only for notebook 11's experiment: a model that sees the future).
+        is_causal: the causal mask; default True, a decoder (False only for notebook 11's experiment:
+            a model that sees the future).
         position: "rope" (rotate q and k) or "alibi" (add -m_h (i - j) to the scores).
         rope_scaling: None or a context-extension dict for RoPE, as ``RotaryEmbedding``'s
             ``scaling`` (e.g. {"kind": "linear", "factor": 4.0}).
@@ -94,7 +94,7 @@ class DecoderConfig:
     norm: str = "rmsnorm"
     tie_embeddings: bool = True
     dropout: float = 0.0
-    causal: bool = True
+    is_causal: bool = True
     position: str = "rope"
     rope_scaling: dict | None = None
 
@@ -129,6 +129,9 @@ class DecoderConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> DecoderConfig:
+        """A config from a checkpoint's JSON; keys it does not know are left out. Checkpoints written
+        before the rename to ``is_causal`` store ``causal``: it is read as ``is_causal``."""
+        d = {("is_causal" if k == "causal" else k): v for k, v in d.items()}
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in names})
 
@@ -189,26 +192,29 @@ class DecoderBlock(nn.Module):
     def __init__(self, config: DecoderConfig, rope: RotaryEmbedding | None):
         super().__init__()
         self.norm1 = _norm(config)
-        self.attn = MultiHeadAttention(config.d_model, config.n_heads, config.n_kv_heads, causal=config.causal,
+        self.attn = MultiHeadAttention(config.d_model, config.n_heads, config.n_kv_heads, is_causal=config.is_causal,
                                        bias=False, rope=rope)
         self.norm2 = _norm(config)
         self.mlp = MLP(config.d_model, config.d_ff)
         self.drop = nn.Dropout(config.dropout)
 
-    def forward(self, x: Tensor, kv_cache: KVCache | None = None, bias: Tensor | None = None, *,
-                positions: Tensor | None = None, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
-        """x (B, T, d) -> (B, T, d); with a cache, T new tokens after len(kv_cache) old ones.
+    def forward(self, x: Tensor, cache: KVCache | None = None, bias: Tensor | None = None, *,
+                positions: Tensor | None = None, rope_angles: tuple[Tensor, Tensor] | None = None,
+                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+        """x (B, T, d) -> (B, T, d); with a cache, T new tokens after len(cache) old ones.
 
         Args:
+            cache: this layer's cache (None: attend among x only).
             bias: optional (B, h, T, S) float added to the scores (ALiBi), next to the causal mask.
             positions: (T,) positions of the new tokens, for RoPE (default: after the cache).
+            rope_angles: (cos, sin) of ``positions``, computed once per model forward (``rope.angles``).
             need_weights: also return the attention weights.
 
         Returns:
             x (B, T, d), and the weights (B, h, T, S) when ``need_weights`` (else None).
         """
-        y, weights = self.attn(self.norm1(x), kv_cache=kv_cache, attn_mask=bias, positions=positions,
-                               need_weights=need_weights)
+        y, weights = self.attn(self.norm1(x), cache=cache, attn_mask=bias, positions=positions,
+                               rope_angles=rope_angles, need_weights=need_weights)
         x = x + self.drop(y)
         return x + self.drop(self.mlp(self.norm2(x))), weights
 
@@ -290,8 +296,8 @@ class TinyDecoder(nn.Module):
                 need_weights: bool = False) -> Tensor | tuple[Tensor, list[Tensor]]:
         """Next-token logits for every position (and, when asked, every layer's attention weights).
 
-        RoPE's cos and sin are computed once here for the T positions and shared by every
-        layer's q and k (``RotaryEmbedding.shared_angles``).
+        RoPE's cos and sin are computed once here for the T positions (``rope.angles``) and
+        passed to every layer, which rotates its q and k with them.
 
         Args:
             ids: (B, T) token ids on the model's device (their range is checked on the CPU;
@@ -325,20 +331,16 @@ class TinyDecoder(nn.Module):
                 got = f"{shape_str(attn_mask)} {attn_mask.dtype}" if isinstance(attn_mask, Tensor) else attn_mask
                 raise ValueError(f"attn_mask must be a ({T}, {past + T}) bool mask, got {got}")
             bias = attn_mask if bias is None else bias + to_additive(attn_mask, bias.dtype)
+        angles = None                                         # cos, sin of the T positions: once, for all layers
+        if self.rope is not None:
+            angles = self.rope.angles(positions, torch.float64 if x.dtype == torch.float64 else torch.float32)
         all_weights = []
-        with self._rope_angles(positions, x.dtype):          # cos, sin of the T positions: once, for all layers
-            for i, block in enumerate(self.blocks):
-                x, weights = block(x, kv_cache=None if caches is None else caches[i], bias=bias,
-                                   positions=positions, need_weights=need_weights)
-                all_weights.append(weights)
+        for i, block in enumerate(self.blocks):
+            x, weights = block(x, cache=None if caches is None else caches[i], bias=bias, positions=positions,
+                               rope_angles=angles, need_weights=need_weights)
+            all_weights.append(weights)
         logits = self.lm_head(self.norm(x))                   # (B, T, V)
         return (logits, all_weights) if need_weights else logits
-
-    def _rope_angles(self, positions: Tensor, dtype: torch.dtype):
-        """``self.rope.shared_angles`` for this forward (nothing to share with ALiBi)."""
-        if self.rope is None:
-            return contextlib.nullcontext()
-        return self.rope.shared_angles(positions, torch.float64 if dtype == torch.float64 else torch.float32)
 
     def loss(self, ids: Tensor) -> Tensor:
         """Mean cross-entropy of predicting ids[:, 1:] from ids[:, :-1], in nats per token."""

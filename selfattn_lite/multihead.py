@@ -19,6 +19,8 @@ Mask polarity, once more, because the two torch APIs differ:
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -38,7 +40,8 @@ class MultiHeadAttention(nn.Module):
         n_heads: number of query heads h.
         n_kv_heads: number of key/value heads (default h). h = MHA, 1 = MQA, between = GQA;
             key/value head j serves query heads j*g .. (j+1)*g - 1, g = h / n_kv_heads.
-        causal: query i sees keys 0..i (with a kv_cache: every cached key too).
+        is_causal: query i sees keys 0..i (with a cache: every cached key too). Default False,
+            as in torch's ``scaled_dot_product_attention``.
         bias: add biases to the four projections.
         rope: optional rotary embedding, called as ``rope(x, positions)`` on q and k
             (B, heads, T, head_dim) after the head split (self-attention only).
@@ -58,7 +61,7 @@ class MultiHeadAttention(nn.Module):
 
     attn_fn = None
 
-    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int | None = None, *, causal: bool = False,
+    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int | None = None, *, is_causal: bool = False,
                  bias: bool = True, rope=None, dropout: float = 0.0, kdim: int | None = None,
                  vdim: int | None = None, batch_first: bool = True, device=None, dtype=None):
         super().__init__()
@@ -72,7 +75,7 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")
         self.d_model, self.n_heads, self.n_kv_heads = d_model, n_heads, n_kv_heads
         self.head_dim = d_model // n_heads
-        self.causal, self.rope, self.dropout, self.batch_first = causal, rope, dropout, batch_first
+        self.is_causal, self.rope, self.dropout, self.batch_first = is_causal, rope, dropout, batch_first
         self.kdim = d_model if kdim is None else check_positive_int("kdim", kdim)
         self.vdim = d_model if vdim is None else check_positive_int("vdim", vdim)
         kv_width = n_kv_heads * self.head_dim
@@ -85,11 +88,12 @@ class MultiHeadAttention(nn.Module):
     def extra_repr(self) -> str:
         kv = "" if self.n_kv_heads == self.n_heads else f", n_kv_heads={self.n_kv_heads}"
         return (f"d_model={self.d_model}, n_heads={self.n_heads}{kv}, head_dim={self.head_dim}, "
-                f"causal={self.causal}, dropout={self.dropout}, batch_first={self.batch_first}")
+                f"is_causal={self.is_causal}, dropout={self.dropout}, batch_first={self.batch_first}")
 
     def forward(self, x: Tensor, context=None, *, key_padding_mask: Tensor | None = None,
-                attn_mask: Tensor | None = None, kv_cache=None, positions: Tensor | None = None,
-                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+                attn_mask: Tensor | None = None, cache=None, positions: Tensor | None = None,
+                rope_angles: tuple[Tensor, Tensor] | None = None, need_weights: bool = False,
+                kv_cache=None) -> tuple[Tensor, Tensor | None]:
         """y = Concat(head_1..head_h) W_O with head_i = softmax(q_i k_i^T / sqrt(head_dim) + M) v_i.
 
         Args:
@@ -98,17 +102,20 @@ class MultiHeadAttention(nn.Module):
             context: (B, S, kdim) keys/values for cross-attention, or a pair
                 (keys (B, S, kdim), values (B, S, vdim)); None = self-attention.
             key_padding_mask: (B, S) bool, True = padding (ignored key); or float, added.
-                With a kv_cache, S counts the cached keys too.
+                With a cache, S counts the cached keys too.
             attn_mask: broadcastable to (B, h, L, S), or (B*h, L, S) as in ``nn.MultiheadAttention``;
                 bool True = may attend, or float added.
-            kv_cache: object with ``len(cache)`` and ``update(k, v) -> (k_all, v_all)``;
+            cache: this layer's cache, an object with ``len(cache)`` and ``update(k, v) -> (k_all, v_all)``;
                 the new k, v (B, n_kv_heads, L, head_dim) are appended and attention runs
                 over everything stored. The causal mask is then aligned bottom-right.
             positions: (L,) or (B, L) absolute positions for ``rope``
-                (default: ``len(kv_cache)`` + arange(L), or arange(L)).
+                (default: ``len(cache)`` + arange(L), or arange(L)).
+            rope_angles: optional (cos, sin) of ``positions``, ``rope.angles(positions)``: a model
+                computes them once per forward and passes them to every layer.
             need_weights: also return the weights (explicit attention); else torch's fused SDPA.
+            kv_cache: the old name of ``cache``; deprecated (DeprecationWarning), still accepted.
 
-        The masks combine: a key is visible only when ``causal``, ``attn_mask`` and
+        The masks combine: a key is visible only when ``is_causal``, ``attn_mask`` and
         ``key_padding_mask`` all allow it (float masks are added to the scores instead).
         A query that sees no key at all gets zero weights and a zero attention output.
 
@@ -116,21 +123,23 @@ class MultiHeadAttention(nn.Module):
             y (B, L, d_model) (or (L, B, d_model) when not batch_first), and the per-head
             weights (B, h, L, S) when ``need_weights`` else None.
         """
-        x, key_in, value_in = self._batch_first_inputs(x, context, kv_cache, positions)
+        cache = _renamed_cache(cache, kv_cache)
+        x, key_in, value_in = self._batch_first_inputs(x, context, cache, positions)
         B, L, _ = x.shape
         q = self._split_heads(self.q_proj(x), self.n_heads)              # (B, h, L, head_dim)
         k = self._split_heads(self.k_proj(key_in), self.n_kv_heads)      # (B, h_kv, S, head_dim)
         v = self._split_heads(self.v_proj(value_in), self.n_kv_heads)    # (B, h_kv, S, head_dim)
 
-        start = len(kv_cache) if kv_cache is not None else 0            # tokens stored before these
+        start = len(cache) if cache is not None else 0                  # tokens stored before these
         if positions is not None or self.rope is not None:
             positions = self._positions(positions, B, L, start, x.device)
         if self.rope is not None:
-            q, k = self.rope(q, positions), self.rope(k, positions)
-        if kv_cache is not None:
-            k, v = kv_cache.update(k, v)                                 # (B, h_kv, start + L, head_dim)
+            q = self.rope(q, positions, angles=rope_angles)
+            k = self.rope(k, positions, angles=rope_angles)
+        if cache is not None:
+            k, v = cache.update(k, v)                                    # (B, h_kv, start + L, head_dim)
 
-        mask = self._mask(B, L, k.shape[-2], key_padding_mask, attn_mask, kv_cache is not None, q)
+        mask = self._mask(B, L, k.shape[-2], key_padding_mask, attn_mask, cache is not None, q)
         out, weights = self._attend(q, k, v, mask, need_weights)         # (B, h, L, head_dim)
         y = self.out_proj(out.transpose(1, 2).reshape(B, L, self.d_model))   # concat heads, mix: (B, L, d)
         return (y if self.batch_first else y.transpose(0, 1)), weights
@@ -159,7 +168,7 @@ class MultiHeadAttention(nn.Module):
 
     # ------------------------------------------------------------------ inputs and masks
 
-    def _batch_first_inputs(self, x: Tensor, context, kv_cache, positions) -> tuple[Tensor, Tensor, Tensor]:
+    def _batch_first_inputs(self, x: Tensor, context, cache, positions) -> tuple[Tensor, Tensor, Tensor]:
         """Check x and context as the caller passed them; return (x, key input, value input), batch-first.
 
         Messages show the caller's layout: (B, T, ...) when ``batch_first``, else (T, B, ...).
@@ -174,8 +183,8 @@ class MultiHeadAttention(nn.Module):
                                  f"kdim={self.kdim}, vdim={self.vdim}: pass context=(keys, values)")
             key_in = value_in = x
         else:
-            if kv_cache is not None or self.rope is not None:
-                raise ValueError("kv_cache and rope apply to self-attention only: pass context=None with them")
+            if cache is not None or self.rope is not None:
+                raise ValueError("cache and rope apply to self-attention only: pass context=None with them")
             if isinstance(context, (tuple, list)) and len(context) != 2:
                 raise ValueError(f"context must be one tensor (keys = values) or a pair (keys, values), "
                                  f"got a {type(context).__name__} of {len(context)} items")
@@ -215,7 +224,7 @@ class MultiHeadAttention(nn.Module):
         return positions
 
     def _mask(self, B: int, L: int, S: int, key_padding_mask, attn_mask, cached: bool, q: Tensor):
-        """One mask for the (B, h, L, S) scores from causal, attn_mask and key_padding_mask.
+        """One mask for the (B, h, L, S) scores from is_causal, attn_mask and key_padding_mask.
 
         Returns None, "causal" (a lone causal mask on square scores: SDPA's ``is_causal``),
         a bool mask (True = may attend) when every part is bool, else an additive float mask.
@@ -234,9 +243,9 @@ class MultiHeadAttention(nn.Module):
                 raise ValueError(f"key_padding_mask must be bool (True = padding) or floating (added to the "
                                  f"scores), got dtype {key_padding_mask.dtype}")
             key_padding_mask = key_padding_mask[:, None, None, :]        # (B, 1, 1, S)
-        if self.causal and attn_mask is None and key_padding_mask is None and L == S:
+        if self.is_causal and attn_mask is None and key_padding_mask is None and L == S:
             return "causal"
-        causal = causal_mask(L, S, bottom_right=cached, device=q.device) if self.causal else None   # (L, S)
+        causal = causal_mask(L, S, bottom_right=cached, device=q.device) if self.is_causal else None   # (L, S)
         parts = [m for m in (attn_mask, key_padding_mask, causal) if m is not None]
         if all(m.dtype == torch.bool for m in parts):
             return combine_masks(*parts)                                 # may attend only if all allow
@@ -283,3 +292,13 @@ class MultiHeadAttention(nn.Module):
                 ours.out_proj.bias.copy_(module.out_proj.bias)
         return ours.train(module.training)
 
+
+def _renamed_cache(cache, kv_cache):
+    """``cache``, or the deprecated ``kv_cache=`` keyword it replaced (with a DeprecationWarning)."""
+    if kv_cache is None:
+        return cache
+    if cache is not None:
+        raise ValueError("pass the layer's cache once, as cache= (kv_cache= is its deprecated old name)")
+    warnings.warn("MultiHeadAttention(..., kv_cache=) is deprecated; pass cache= instead",
+                  DeprecationWarning, stacklevel=3)
+    return kv_cache

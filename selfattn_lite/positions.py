@@ -16,12 +16,12 @@ lambda_i = 2 pi / theta_i its wavelength in tokens.
 from __future__ import annotations
 
 import math
-from contextlib import contextmanager
 
 import torch
 from torch import Tensor, nn
 
-from ._checks import check_positive_int, is_int, is_real
+from ._checks import check_positive_int, is_int, is_real, shape_str
+from .attention import upcast_dtype
 from .rope_scaling import (
     linear_inv_freq,
     llama3_inv_freq,
@@ -168,7 +168,7 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool = Fal
     """
     _check_rotary_args(x, cos, sin, interleaved)
     dtype = x.dtype
-    x = x.float() if dtype in (torch.float16, torch.bfloat16) else x
+    x = x.to(upcast_dtype(dtype))
     cos, sin = cos.to(x.dtype), sin.to(x.dtype)
     if interleaved:
         a, b = x[..., 0::2], x[..., 1::2]                                 # (..., T, d/2) each
@@ -197,8 +197,9 @@ class RotaryEmbedding(nn.Module):
         inv_freq: (d/2,) float32 buffer, the (scaled) frequencies theta_i.
         attention_scaling: the factor multiplying cos and sin (YaRN's sqrt(1/t), else 1.0).
 
-    A model whose layers share one ``RotaryEmbedding`` computes cos and sin once per forward
-    with ``shared_angles`` (as transformers' Llama hands ``position_embeddings`` to every layer).
+    A model whose layers share one ``RotaryEmbedding`` computes cos and sin once per forward,
+    ``angles = rope.angles(positions)``, and hands them to every layer, which rotates with
+    ``rope(x, positions, angles=angles)`` (as transformers' Llama passes ``position_embeddings``).
     """
 
     def __init__(self, head_dim: int, base: float = 10000.0, *, interleaved: bool = False,
@@ -210,7 +211,6 @@ class RotaryEmbedding(nn.Module):
         self.scaling = None if scaling is None else validate_scaling(scaling, head_dim)
         self.attention_scaling = attention_scaling
         self.register_buffer("inv_freq", inv_freq, persistent=False)
-        self._shared = None                     # (positions, cos, sin) inside ``shared_angles``
 
     def _apply(self, fn, recurse: bool = True):
         """``.to(device, dtype)``, ``.cuda()``, ``.bfloat16()``: move ``inv_freq``, never round it.
@@ -228,7 +228,7 @@ class RotaryEmbedding(nn.Module):
         return (f"head_dim={self.head_dim}, base={self.base:g}, interleaved={self.interleaved}, "
                 f"scaling={self.scaling}")
 
-    def cos_sin(self, positions: Tensor, dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
+    def angles(self, positions: Tensor, dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
         """cos and sin of the angles m * theta_i, times attention_scaling.
 
         Args:
@@ -243,36 +243,15 @@ class RotaryEmbedding(nn.Module):
             return angles.cos(), angles.sin()
         return angles.cos() * self.attention_scaling, angles.sin() * self.attention_scaling
 
-    @contextmanager
-    def shared_angles(self, positions: Tensor, dtype: torch.dtype = torch.float32):
-        """Compute cos and sin of ``positions`` once, for every ``rope(x, positions)`` inside the ``with``.
-
-        A decoder's layers all call the same module twice (q, then k) with the same positions;
-        inside the block, a call with this very ``positions`` tensor reuses the angles
-        computed here instead of computing its own. Any other positions, or x of another
-        precision, get their own cos and sin, exactly as outside the block::
-
-            positions = torch.arange(past, past + T)               # (T,)
-            with rope.shared_angles(positions):                    # cos, sin: computed here, once
-                for block in blocks:
-                    x = block(x, positions=positions)              # rope(q, positions), rope(k, positions)
-
-        Args:
-            positions: (T,) or (B, T) integer positions, the tensor the layers will pass.
-            dtype: the precision of the angles, float32 (float64 for float64 x).
-
-        Yields:
-            (cos, sin), each (T, d/2) or (B, T, d/2).
-        """
-        if not isinstance(positions, Tensor) or positions.is_floating_point() or positions.dtype == torch.bool:
-            got = f"dtype {positions.dtype}" if isinstance(positions, Tensor) else type(positions).__name__
-            raise ValueError(f"positions must be an integer tensor (e.g. torch.long), got {got}")
-        cos, sin = self.cos_sin(positions, dtype)
-        outer, self._shared = self._shared, (positions, cos, sin)
-        try:
-            yield cos, sin
-        finally:
-            self._shared = outer
+    def _check_angles(self, angles, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        want = (*positions.shape, self.head_dim // 2)
+        if not (isinstance(angles, (tuple, list)) and len(angles) == 2
+                and all(isinstance(t, Tensor) and tuple(t.shape) == want and t.dtype == dtype for t in angles)):
+            got = [f"{shape_str(t)} {t.dtype}" if isinstance(t, Tensor) else type(t).__name__ for t in angles] \
+                if isinstance(angles, (tuple, list)) else type(angles).__name__
+            raise ValueError(f"angles must be (cos, sin), each of shape {want} and dtype {dtype} "
+                             f"(rope.angles(positions, {dtype}) for positions {shape_str(positions)}), got {got}")
+        return angles[0], angles[1]
 
     def _check(self, x: Tensor, positions: Tensor) -> None:
         if not isinstance(x, Tensor) or x.dim() < 2 or not x.is_floating_point():
@@ -294,13 +273,16 @@ class RotaryEmbedding(nn.Module):
                              f"shape {tuple(x.shape)} (B = first dim, T = second to last), "
                              f"got {tuple(positions.shape)}")
 
-    def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
+    def forward(self, x: Tensor, positions: Tensor | None = None, *,
+                angles: tuple[Tensor, Tensor] | None = None) -> Tensor:
         """Rotate x by its positions.
 
         Args:
             x: (..., T, d) queries or keys, e.g. (B, h, T, d).
             positions: (T,) or (B, T) absolute integer positions; default 0 .. T-1. With a
                 KV cache, pass the true positions of the new tokens (e.g. T_cached + 0 ..).
+            angles: optional (cos, sin) = ``self.angles(positions, dtype)``, computed once by the
+                caller for every layer (float64 for float64 x, else float32); None computes them here.
 
         Returns:
             (..., T, d) rotated, same dtype as x.
@@ -309,11 +291,10 @@ class RotaryEmbedding(nn.Module):
             positions = torch.arange(x.shape[-2], device=x.device)
         self._check(x, positions)
         dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
-        shared = self._shared
-        if shared is not None and positions is shared[0] and shared[1].dtype == dtype:
-            cos, sin = shared[1:]                                         # from ``shared_angles``
+        if angles is None:
+            cos, sin = self.angles(positions.to(x.device), dtype)         # (T, d/2) or (B, T, d/2)
         else:
-            cos, sin = self.cos_sin(positions.to(x.device), dtype)        # (T, d/2) or (B, T, d/2)
+            cos, sin = self._check_angles(angles, positions, dtype)
         if positions.dim() == 2:                                          # (B, T, d/2) -> (B, 1, .., T, d/2)
             cos = cos.reshape(cos.shape[0], *[1] * (x.dim() - 3), *cos.shape[1:])
             sin = sin.reshape(cos.shape)

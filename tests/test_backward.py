@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from selfattn_lite.attention import attention_backward
-from selfattn_lite.efficient import flash_attention, sliding_window_mask
+from selfattn_lite.efficient import flash_attention, flash_attention_backward, sliding_window_mask
 
 TIGHT = dict(atol=1e-10, rtol=1e-8)      # float64
 
@@ -216,3 +216,25 @@ def test_flash_backward_half_precision_error_is_like_torchs(dtype):
         assert a.dtype == dtype
         err_ours, err_torch = (a.double() - r).abs().max().item(), (b.double() - r).abs().max().item()
         assert err_ours <= 3 * err_torch, (err_ours, err_torch)
+
+
+@pytest.mark.parametrize("is_causal, window, gqa", [(False, None, False), (True, None, True), (True, 3, False)])
+def test_flash_attention_backward_takes_inputs_then_out_and_natural_lse_then_the_gradient(is_causal, window, gqa):
+    """The public backward: (q, k, v, out, lse, grad_out, ...), lse in natural log, equals torch's autograd."""
+    g = torch.Generator().manual_seed(11)
+    Hkv = 1 if gqa else 2
+    q = torch.randn(2, 2, 9, 4, dtype=torch.float64, generator=g)
+    k, v = (torch.randn(2, Hkv, 7, 4, dtype=torch.float64, generator=g) for _ in range(2))
+    grad_out = torch.randn(2, 2, 9, 4, dtype=torch.float64, generator=g)
+    options = dict(is_causal=is_causal, window=window, enable_gqa=gqa, block_size=(4, 3))
+    out, lse = flash_attention(q, k, v, return_lse=True, **options)
+    grads = flash_attention_backward(q, k, v, out, lse, grad_out, **options)
+    q_, k_, v_ = (t.clone().requires_grad_() for t in (q, k, v))
+    mask = None
+    if window is not None:
+        mask = sliding_window_mask(9, window, 7, is_causal=is_causal)
+    elif is_causal:
+        mask = torch.ones(9, 7, dtype=torch.bool).tril()
+    F.scaled_dot_product_attention(q_, k_, v_, attn_mask=mask, enable_gqa=gqa).backward(grad_out)
+    for ours, theirs in zip(grads, (q_.grad, k_.grad, v_.grad), strict=True):
+        torch.testing.assert_close(ours, theirs)

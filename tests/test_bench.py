@@ -28,17 +28,17 @@ def explicit(q, k, v, is_causal=False):
 # --------------------------------------------------------------------------- FLOPs and labels
 def test_attention_flops_formula():
     assert bench.attention_flops(2, 8, 128, 256, 64) == 4 * 2 * 8 * 128 * 256 * 64
-    assert bench.attention_flops(2, 8, 128, 256, 64, causal=True) == 2 * 2 * 8 * 128 * 256 * 64
+    assert bench.attention_flops(2, 8, 128, 256, 64, is_causal=True) == 2 * 2 * 8 * 128 * 256 * 64
 
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_compare_attention_counts_full_flops_for_rows_that_compute_every_score(device):
-    rows = bench.compare_attention({"explicit": explicit, "tiled": explicit}, B=1, H=2, L=64, D=16, causal=True,
+    rows = bench.compare_attention({"explicit": explicit, "tiled": explicit}, B=1, H=2, L=64, D=16, is_causal=True,
                                    device=device, budget_s=0.05, skips_masked=["tiled"])
     by_name = {r.name: r for r in rows}
     assert [r.name for r in rows] == ["torch SDPA", "explicit", "tiled"]
-    assert by_name["torch SDPA"].flops == bench.attention_flops(1, 2, 64, 64, 16, causal=True)
-    assert by_name["tiled"].flops == bench.attention_flops(1, 2, 64, 64, 16, causal=True)
+    assert by_name["torch SDPA"].flops == bench.attention_flops(1, 2, 64, 64, 16, is_causal=True)
+    assert by_name["tiled"].flops == bench.attention_flops(1, 2, 64, 64, 16, is_causal=True)
     assert by_name["explicit"].flops == bench.attention_flops(1, 2, 64, 64, 16)      # every score computed
     assert rows[0].ratio == 1.0 and rows[1].ratio == pytest.approx(rows[1].seconds / rows[0].seconds)
     dtype = bench.default_sizes(device)["dtype"]
@@ -286,3 +286,9 @@ def test_plot_rows():
                          compute_dtypes={"b": torch.float64})
     ax = bench.plot_rows(rows)
     assert [t.get_text() for t in ax.get_yticklabels()] == ["b [float32 -> float64]", "a"]
+
+
+def test_causal_keyword_is_the_deprecated_name_of_is_causal():
+    with pytest.warns(DeprecationWarning, match="causal= is deprecated"):
+        old = bench.attention_flops(1, 2, 64, 64, 16, causal=True)
+    assert old == bench.attention_flops(1, 2, 64, 64, 16, is_causal=True) == 4 * 2 * 64 * 64 * 16 / 2

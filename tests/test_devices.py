@@ -80,14 +80,14 @@ def test_generate_checks_the_prompt_once_off_the_cpu(device, monkeypatch):
 def test_rotary_frequencies_stay_float32_when_the_model_is_cast(device):
     model = tiny_model(device)
     positions = torch.arange(501, device=device)
-    cos32, _ = model.rope.cos_sin(positions)
+    cos32, _ = model.rope.angles(positions)
     model = model.to(torch.bfloat16)
     assert model.rope.inv_freq.dtype == torch.float32 and model.rope.inv_freq.device.type == device
-    cos, _ = model.rope.cos_sin(positions)
+    cos, _ = model.rope.angles(positions)
     assert torch.equal(cos, cos32)                                # no bf16 frequencies: cos exact at m = 500
     wide = RotaryEmbedding(64)                                    # what casting the buffer would have cost:
     rounded = (positions[:, None].float() * wide.inv_freq.to(torch.bfloat16).float().to(device)).cos()
-    assert (rounded - wide.to(device).cos_sin(positions)[0]).abs().max() > 0.05   # 0.09 at m = 500 (issue 12)
+    assert (rounded - wide.to(device).angles(positions)[0]).abs().max() > 0.05   # 0.09 at m = 500 (issue 12)
     rope = RotaryEmbedding(8).half().to("meta")
     assert rope.inv_freq.dtype == torch.float32 and rope.inv_freq.device.type == "meta"
     assert model(torch.tensor([[1, 2, 3]], device=device)).dtype == torch.bfloat16

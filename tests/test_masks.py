@@ -121,7 +121,7 @@ def test_queries_that_see_no_key_give_finite_gradients(lengths, float_kpm, seed)
     float (additive -inf) key_padding_masks; the two paths agree on outputs and gradients."""
     T = 5
     torch.manual_seed(seed)
-    mha = MultiHeadAttention(8, 2, causal=True)
+    mha = MultiHeadAttention(8, 2, is_causal=True)
     pad = ~masks.padding_mask(lengths, T).flip(-1)                               # (B, T) True = padding, left
     kpm = torch.zeros(pad.shape).masked_fill(pad, -math.inf) if float_kpm else pad
     x = torch.randn(len(lengths), T, 8)
@@ -145,7 +145,7 @@ def test_queries_that_see_no_key_give_finite_gradients(lengths, float_kpm, seed)
 def test_causal_outputs_do_not_see_the_future(B, T, t, seed):
     t = min(t, T - 2)
     torch.manual_seed(seed)
-    mha = MultiHeadAttention(8, 2, causal=True)
+    mha = MultiHeadAttention(8, 2, is_causal=True)
     x = torch.randn(B, T, 8)
     x2 = x.clone()
     x2[:, t + 1:] = torch.randn(B, T - t - 1, 8)

@@ -108,22 +108,27 @@ def test_weights_through_the_cache_are_rows_of_the_full_weights():
             torch.testing.assert_close(step[layer], full[layer][:, :, t:t + 1, :t + 1])
 
 
-def test_rope_angles_are_computed_once_per_forward(monkeypatch):
+def test_rope_angles_are_computed_once_per_forward_and_passed_to_every_layer(monkeypatch):
     model = tiny_model(8, n_layers=3)
-    calls = []
-    cos_sin = model.rope.cos_sin
-    monkeypatch.setattr(model.rope, "cos_sin", lambda *a, **kw: calls.append(1) or cos_sin(*a, **kw))
+    calls, seen = [], []
+    angles = model.rope.angles
+    monkeypatch.setattr(model.rope, "angles", lambda *a, **kw: calls.append(1) or angles(*a, **kw))
+    for block in model.blocks:                                         # what each layer is handed
+        forward = block.attn.forward
+        monkeypatch.setattr(block.attn, "forward",
+                            lambda *a, forward=forward, **kw: seen.append(kw["rope_angles"]) or forward(*a, **kw))
     ids = torch.randint(0, 11, (1, 7), generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
         model(ids)
         assert len(calls) == 1                                         # not 2 per layer (q and k)
+        assert len(seen) == 3 and all(s is seen[0] for s in seen)      # the same (cos, sin) for every layer
         model.generate(ids, 3)
     assert len(calls) == 1 + 3                                         # prefill and two decode steps, + the first
-    assert model.rope._shared is None                                  # nothing kept after the forward
+    assert not hasattr(model.rope, "_shared")                          # nothing stashed on the module
 
 
-def test_shared_angles_give_the_same_outputs_as_rope_in_every_layer():
-    """The old path: each attention computes its own cos and sin (the blocks called without shared angles)."""
+def test_angles_passed_down_give_the_same_outputs_as_rope_in_every_layer():
+    """The old path: each attention computes its own cos and sin (the blocks called without angles)."""
     model = tiny_model(9, n_layers=3, n_kv_heads=2)
     ids = torch.randint(0, 11, (2, 12), generator=torch.Generator().manual_seed(5))
     with torch.no_grad():

@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from torch import nn
 
+from selfattn_lite.kv_cache import KVCache
 from selfattn_lite.masks import causal_mask
 from selfattn_lite.multihead import MultiHeadAttention
 
@@ -99,7 +100,7 @@ def test_bias_false_has_no_biases():
 def test_matches_per_head_loop(B, L, S, hd, heads, cross, causal, seed):
     torch.manual_seed(seed)
     h, h_kv = heads
-    mha = MultiHeadAttention(h * hd, h, h_kv, causal=causal)
+    mha = MultiHeadAttention(h * hd, h, h_kv, is_causal=causal)
     x = torch.randn(B, L, h * hd)
     context = torch.randn(B, S, h * hd) if cross else None
     S = S if cross else L
@@ -113,7 +114,7 @@ def test_matches_per_head_loop(B, L, S, hd, heads, cross, causal, seed):
 def test_per_head_loop_and_batched_form_agree_under_no_grad():
     """The inference path (packed q/k/v matmul) gives the same numbers as the training path."""
     torch.manual_seed(0)
-    mha = MultiHeadAttention(32, 4, 2, causal=True)
+    mha = MultiHeadAttention(32, 4, 2, is_causal=True)
     x = torch.randn(2, 7, 32)
     with_grad = mha(x)[0]
     with torch.no_grad():
@@ -167,7 +168,7 @@ def test_fused_path_equals_weights_path(B, L, S, heads, causal, cross, mask_kind
     gen = torch.Generator().manual_seed(seed)
     h, h_kv = heads
     torch.manual_seed(seed)
-    mha = MultiHeadAttention(8 * h, h, h_kv, causal=causal)
+    mha = MultiHeadAttention(8 * h, h, h_kv, is_causal=causal)
     x = torch.randn(B, L, 8 * h, generator=gen)
     context = torch.randn(B, S, 8 * h, generator=gen) if cross else None
     S = S if cross else L
@@ -200,7 +201,7 @@ def test_fully_masked_query_gives_zero_attention_not_nan():
 
 def test_causal_flag_equals_explicit_causal_mask():
     torch.manual_seed(0)
-    mha = MultiHeadAttention(16, 4, causal=True)
+    mha = MultiHeadAttention(16, 4, is_causal=True)
     plain = MultiHeadAttention(16, 4)
     plain.load_state_dict(mha.state_dict())
     x = torch.randn(2, 5, 16)
@@ -215,7 +216,7 @@ def test_causal_flag_equals_explicit_causal_mask():
 
 def test_causal_outputs_ignore_the_future():
     torch.manual_seed(0)
-    mha = MultiHeadAttention(16, 2, causal=True)
+    mha = MultiHeadAttention(16, 2, is_causal=True)
     x = torch.randn(1, 6, 16)
     x2 = x.clone()
     x2[:, 4:] = torch.randn(1, 2, 16)
@@ -334,7 +335,7 @@ def test_dropout_only_in_training_mode():
 def test_rope_is_applied_to_q_and_k_with_default_positions():
     torch.manual_seed(0)
     rope = TinyRope(8)
-    mha = MultiHeadAttention(16, 2, rope=rope, causal=True)
+    mha = MultiHeadAttention(16, 2, rope=rope, is_causal=True)
     x = torch.randn(2, 5, 16)
     y, _ = mha(x)
     assert len(rope.calls) == 2 and all(torch.equal(p, torch.arange(5)) for p in rope.calls)
@@ -342,7 +343,7 @@ def test_rope_is_applied_to_q_and_k_with_default_positions():
     y_shift, _ = mha(x, positions=torch.arange(5) + 7)
     torch.testing.assert_close(y_shift, y, **TOL)
     # ...while dropping rope, or giving one batch row other spacings, does change it.
-    plain = MultiHeadAttention(16, 2, causal=True)
+    plain = MultiHeadAttention(16, 2, is_causal=True)
     plain.load_state_dict(mha.state_dict())
     assert not torch.allclose(plain(x)[0], y)
     y_b, _ = mha(x, positions=torch.stack([torch.arange(5), torch.arange(5) * 2]))   # (B, T) positions
@@ -355,13 +356,13 @@ def test_rope_is_applied_to_q_and_k_with_default_positions():
 def test_kv_cache_decoding_equals_full_causal_forward(n_kv_heads, need_weights):
     torch.manual_seed(0)
     rope = TinyRope(4)
-    mha = MultiHeadAttention(16, 4, n_kv_heads, causal=True, rope=rope).eval()
+    mha = MultiHeadAttention(16, 4, n_kv_heads, is_causal=True, rope=rope).eval()
     x = torch.randn(2, 7, 16)
     full, _ = mha(x)
     cache = ListCache()
     rope.calls.clear()
-    prefill, _ = mha(x[:, :4], kv_cache=cache, need_weights=need_weights)   # 4 tokens at once
-    steps = [mha(x[:, t:t + 1], kv_cache=cache, need_weights=need_weights)[0] for t in range(4, 7)]
+    prefill, _ = mha(x[:, :4], cache=cache, need_weights=need_weights)   # 4 tokens at once
+    steps = [mha(x[:, t:t + 1], cache=cache, need_weights=need_weights)[0] for t in range(4, 7)]
     assert len(cache) == 7 and cache.k.shape == (2, n_kv_heads, 7, 4)
     torch.testing.assert_close(torch.cat([prefill, *steps], dim=1), full, **TOL)
     assert [p.tolist() for p in rope.calls[::2]] == [[0, 1, 2, 3], [4], [5], [6]]  # len(cache) before update
@@ -369,22 +370,22 @@ def test_kv_cache_decoding_equals_full_causal_forward(n_kv_heads, need_weights):
 
 def test_kv_cache_chunk_uses_bottom_right_causal_mask():
     torch.manual_seed(0)
-    mha = MultiHeadAttention(8, 2, causal=True)
+    mha = MultiHeadAttention(8, 2, is_causal=True)
     x = torch.randn(1, 5, 8)
     cache = ListCache()
-    mha(x[:, :2], kv_cache=cache)
-    _, w = mha(x[:, 2:], kv_cache=cache, need_weights=True)            # 3 new queries, 5 keys
+    mha(x[:, :2], cache=cache)
+    _, w = mha(x[:, 2:], cache=cache, need_weights=True)            # 3 new queries, 5 keys
     allowed = causal_mask(3, 5, bottom_right=True)
     assert torch.equal(w[0, 0] > 0, allowed)                            # new queries see every cached key
 
 
 def test_kv_cache_with_padding_counts_cached_keys():
     torch.manual_seed(0)
-    mha = MultiHeadAttention(8, 2, causal=True)
+    mha = MultiHeadAttention(8, 2, is_causal=True)
     cache = ListCache()
-    mha(torch.randn(2, 3, 8), kv_cache=cache)
+    mha(torch.randn(2, 3, 8), cache=cache)
     kpm = torch.tensor([[True, False, False, False], [False, False, False, False]])  # left padding
-    _, w = mha(torch.randn(2, 1, 8), kv_cache=cache, key_padding_mask=kpm, need_weights=True)
+    _, w = mha(torch.randn(2, 1, 8), cache=cache, key_padding_mask=kpm, need_weights=True)
     assert torch.all(w[0, :, :, 0] == 0) and torch.all(w[1, :, :, 0] > 0)
 
 
@@ -393,7 +394,7 @@ def test_kv_cache_with_padding_counts_cached_keys():
 
 def test_gradients_reach_every_projection():
     torch.manual_seed(0)
-    mha = MultiHeadAttention(16, 4, 2, causal=True)
+    mha = MultiHeadAttention(16, 4, 2, is_causal=True)
     x = torch.randn(2, 5, 16, requires_grad=True)
     for need_weights in (True, False):
         mha.zero_grad()
@@ -484,7 +485,7 @@ def test_dtype_mismatch_names_both_dtypes(module_dtype, x_dtype):
 def test_autocast_accepts_mixed_dtypes(need_weights):
     """Under torch.autocast, a bf16 x with float32 weights is normal (the previous layer was autocast too)."""
     torch.manual_seed(0)
-    mha = MultiHeadAttention(16, 2, causal=True)
+    mha = MultiHeadAttention(16, 2, is_causal=True)
     x = torch.randn(2, 5, 16)
     expected = mha(x)[0]
     for inputs in (x, x.bfloat16()):
@@ -598,3 +599,19 @@ def test_head_views_bad_input(call, message):
 
     with pytest.raises(ValueError, match=message):
         call(HeadWidget, head_grid)
+
+
+def test_kv_cache_keyword_is_the_deprecated_name_of_cache():
+    """``kv_cache=`` still works (DESIGN.md documents it) but warns; ``cache=`` is the name."""
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(8, 2, is_causal=True).eval()
+    x = torch.randn(1, 5, 8)
+    new, old = KVCache(1, 2, 8, 4), KVCache(1, 2, 8, 4)
+    with torch.no_grad():
+        want, _ = mha(x, cache=new)
+        with pytest.warns(DeprecationWarning, match="kv_cache=.*deprecated.*cache="):
+            got, _ = mha(x, kv_cache=old)
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
+    assert len(old) == len(new) == 5
+    with pytest.raises(ValueError, match="pass the layer's cache once"):
+        mha(x, cache=KVCache(1, 2, 8, 4), kv_cache=KVCache(1, 2, 8, 4))

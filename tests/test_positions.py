@@ -238,7 +238,7 @@ def test_yarn_cos_sin_match_transformers_rotary_module():
     rope = RotaryEmbedding(32, scaling={"kind": "yarn", "factor": 4.0, "original_max_len": 512})
     positions = torch.tensor([[0, 1, 2, 700, 1500, 2047]])
     cos_ref, sin_ref = hf(torch.zeros(1, dtype=torch.float32), positions)     # (1, T, d), halves repeated
-    cos, sin = rope.cos_sin(positions)                                        # (1, T, d/2)
+    cos, sin = rope.angles(positions)                                        # (1, T, d/2)
     torch.testing.assert_close(cos_ref[..., :16], cos, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(sin_ref[..., :16], sin, rtol=1e-5, atol=1e-5)
 
@@ -322,8 +322,8 @@ def test_half_split_matches_transformers_llama(scaling):
     q, k = torch.randn(B, h, T, d), torch.randn(B, h, T, d)
     position_ids = torch.stack([torch.arange(T), torch.arange(T) + 100])        # (B, T): two offsets
     rope = RotaryEmbedding(d, scaling=scaling)
-    cos = torch.cat([rope.cos_sin(position_ids)[0]] * 2, dim=-1)                 # HF layout (B, T, d)
-    sin = torch.cat([rope.cos_sin(position_ids)[1]] * 2, dim=-1)
+    cos = torch.cat([rope.angles(position_ids)[0]] * 2, dim=-1)                 # HF layout (B, T, d)
+    sin = torch.cat([rope.angles(position_ids)[1]] * 2, dim=-1)
     q_ref, k_ref = llama_apply_rotary(q, k, cos, sin)
     torch.testing.assert_close(rope(q, position_ids), q_ref)
     torch.testing.assert_close(rope(k, position_ids), k_ref)
@@ -343,7 +343,7 @@ def test_interleaved_matches_gptj_and_complex_multiplication():
     x = torch.randn(B, T, h, d)                                     # GPT-J layout (B, T, h, d)
     positions = torch.arange(T) + 3
     rope = RotaryEmbedding(d, interleaved=True)
-    cos, sin = rope.cos_sin(positions)                              # (T, d/2)
+    cos, sin = rope.angles(positions)                              # (T, d/2)
     ref = gptj_apply_rotary(x, sin[None].expand(B, T, d // 2), cos[None].expand(B, T, d // 2))
     ours = rope(x.transpose(1, 2), positions).transpose(1, 2)       # we take (B, h, T, d)
     torch.testing.assert_close(ours, ref)
@@ -487,36 +487,25 @@ def test_batched_positions_and_cache_decoding():
     torch.testing.assert_close(rope(x[0, 0], torch.arange(10)), full[0, 0])     # (T, d) input
 
 
-def test_shared_angles_are_reused_only_for_their_own_positions(monkeypatch):
-    """Inside ``shared_angles(p)``, rope(x, p) reuses cos and sin (same values); other calls compute their own."""
+def test_angles_passed_in_rotate_like_angles_computed_inside():
+    """rope(x, p, angles=rope.angles(p)) is rope(x, p) bit for bit; angles of other shapes or dtypes are refused."""
     rope = RotaryEmbedding(8, scaling={"kind": "yarn", "factor": 2.0, "original_max_len": 16})
     x = torch.randn(2, 3, 5, 8)                                          # (B, h, T, d)
-    positions, other = torch.arange(4, 9), torch.arange(4, 9)           # equal values, another tensor
-    plain = rope(x, positions)
-    calls = []
-    cos_sin = rope.cos_sin
-    monkeypatch.setattr(rope, "cos_sin", lambda *a, **kw: calls.append(a[0]) or cos_sin(*a, **kw))
-    with rope.shared_angles(positions) as (cos, sin):
-        assert len(calls) == 1 and cos.shape == sin.shape == (5, 4)
-        torch.testing.assert_close(rope(x, positions), plain, atol=0, rtol=0)
-        torch.testing.assert_close(rope(x[:, :1], positions), plain[:, :1], atol=0, rtol=0)   # k after q
-        assert len(calls) == 1                                           # reused, twice
-        torch.testing.assert_close(rope(x, other), plain, atol=0, rtol=0)
-        torch.testing.assert_close(rope(x, positions + 1), RotaryEmbedding(8, scaling=rope.scaling)(x, other + 1))
-        torch.testing.assert_close(rope(x.double(), positions), plain.double(), atol=1e-6, rtol=1e-5)
-        assert len(calls) == 4                                           # the other tensor, values, dtype
-        with rope.shared_angles(other):                                  # nested: one call for the inner angles,
-            rope(x, other)                                               # reused here,
-            rope(x, positions)                                           # the outer ones unseen inside
-        assert len(calls) == 6
-        rope(x, positions)
-        assert len(calls) == 6                                           # and restored after it
-    assert rope._shared is None
-    rope(x, positions)
-    assert len(calls) == 7
-    with pytest.raises(ValueError, match="positions must be an integer tensor.*torch.float32"):
-        with rope.shared_angles(torch.arange(5.0)):
-            pass
+    positions = torch.arange(4, 9)
+    cos, sin = rope.angles(positions)
+    assert cos.shape == sin.shape == (5, 4) and cos.dtype == torch.float32
+    torch.testing.assert_close(rope(x, positions, angles=(cos, sin)), rope(x, positions), atol=0, rtol=0)
+    batched = torch.stack([positions, positions + 3])                    # (B, T)
+    torch.testing.assert_close(rope(x, batched, angles=rope.angles(batched)), rope(x, batched), atol=0, rtol=0)
+    wide = rope.angles(positions, torch.float64)
+    torch.testing.assert_close(rope(x.double(), positions, angles=wide), rope(x.double(), positions), atol=0, rtol=0)
+    with pytest.raises(ValueError, match=r"angles must be \(cos, sin\), each of shape \(5, 4\) and dtype torch.float64"):
+        rope(x.double(), positions, angles=(cos, sin))                   # float32 angles for float64 x
+    with pytest.raises(ValueError, match=r"each of shape \(5, 4\)"):
+        rope(x, positions, angles=rope.angles(torch.arange(6)))
+    with pytest.raises(ValueError, match="angles must be"):
+        rope(x, positions, angles=cos)
+    assert not hasattr(rope, "shared_angles")                            # no side channel on the module
 
 
 def test_half_precision_in_and_out():

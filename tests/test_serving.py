@@ -20,14 +20,14 @@ KiB = 1024
 @given(T=st.integers(1, 24), n_sink=st.integers(0, 4), window=st.integers(1, 8), heads=st.sampled_from([1, 2]))
 def test_decoding_with_a_sink_cache_equals_the_masked_pass(T, n_sink, window, heads):
     torch.manual_seed(0)
-    attn = MultiHeadAttention(8 * heads, heads, causal=True, bias=False, rope=RotaryEmbedding(8)).eval()
+    attn = MultiHeadAttention(8 * heads, heads, is_causal=True, bias=False, rope=RotaryEmbedding(8)).eval()
     x = torch.randn(2, T, 8 * heads)
     cache = SinkKVCache(2, heads, 8, window=window, n_sink=n_sink)
     first = min(T, n_sink + window)
     with torch.no_grad():
         reference, _ = attn(x, attn_mask=sink_window_mask(T, n_sink, window))
-        steps = [attn(x[:, :first], kv_cache=cache)[0]]
-        steps += [attn(x[:, t:t + 1], kv_cache=cache)[0] for t in range(first, T)]
+        steps = [attn(x[:, :first], cache=cache)[0]]
+        steps += [attn(x[:, t:t + 1], cache=cache)[0] for t in range(first, T)]
     torch.testing.assert_close(torch.cat(steps, dim=1), reference)
     assert len(cache) == T and cache.n_kept == min(T, n_sink + window)
     kept = sorted(cache.kept_positions().tolist())
@@ -75,21 +75,21 @@ def test_sink_cache_slots_and_bad_input():
 def test_document_mask_and_positions_match_a_loop(lengths, causal):
     ids = torch.cat([torch.full((n,), 7 * i) for i, n in enumerate(lengths)])
     T = len(ids)
-    mask = document_mask(ids, causal=causal)
+    mask = document_mask(ids, is_causal=causal)
     want = torch.tensor([[ids[i] == ids[j] and (j <= i or not causal) for j in range(T)] for i in range(T)])
     assert torch.equal(mask, want)
     assert document_positions(ids).tolist() == [p for n in lengths for p in range(n)]
-    batched = document_mask(torch.stack([ids, ids.flip(0)]), causal=causal)
+    batched = document_mask(torch.stack([ids, ids.flip(0)]), is_causal=causal)
     assert batched.shape == (2, T, T) and torch.equal(batched[0], mask)
 
 
 def test_packed_rows_equal_each_document_alone():
     torch.manual_seed(0)
-    attn = MultiHeadAttention(16, 2, causal=True, bias=False, rope=RotaryEmbedding(8)).eval()
+    attn = MultiHeadAttention(16, 2, is_causal=True, bias=False, rope=RotaryEmbedding(8)).eval()
     docs = [torch.randn(1, n, 16) for n in (3, 5, 2)]
     ids = torch.tensor([0] * 3 + [1] * 5 + [2] * 2)
     with torch.no_grad():
-        packed, _ = attn(torch.cat(docs, 1), attn_mask=document_mask(ids, causal=True), positions=document_positions(ids))
+        packed, _ = attn(torch.cat(docs, 1), attn_mask=document_mask(ids, is_causal=True), positions=document_positions(ids))
         alone = torch.cat([attn(d)[0] for d in docs], 1)
     torch.testing.assert_close(packed, alone)
 
@@ -100,7 +100,7 @@ def test_mask_bad_input():
     with pytest.raises(ValueError, match="doc_ids must be a"):
         document_positions(torch.zeros(2, 2, 2, dtype=torch.long))
     with pytest.raises(ValueError, match="causal must be True or False"):
-        document_mask([0, 1], causal=1)
+        document_mask([0, 1], is_causal=1)
     with pytest.raises(ValueError, match="n_sink must be a non-negative int"):
         sink_window_mask(4, -1, 2)
     with pytest.raises(ValueError, match="window must be a positive int"):

@@ -31,7 +31,7 @@ def test_shipped_model_matches_its_record_and_recipe(stem):
     model = _load(stem)
     info = json.loads((DATA_DIR / f"{stem}.json").read_text())
     assert model.config.n_kv_heads == SHIPPED[stem] and model.n_params() == info["n_params"]
-    assert model.blocks[0].attn.causal == (stem != "tiny_mha_unmasked")
+    assert model.blocks[0].attn.is_causal == (stem != "tiny_mha_unmasked")
     training = info["training"]
     assert (training["steps"], training["batch"], training["seq_len"], training["seed"]) == (600, 8, 256, 0)
     assert training["weights_dtype"] == "bfloat16" and (DATA_DIR / f"{stem}.safetensors").stat().st_size < 2 * 2**20
@@ -52,7 +52,7 @@ def test_unmasked_model_reads_the_answer_and_fails_without_it():
     val_ids = model.tokenizer.encode(split_text(load_text())[1])
     peeking = evaluate(model, val_ids, n_windows=4)["loss"]
     for block in model.blocks:
-        block.attn.causal = True
+        block.attn.is_causal = True
     honest = evaluate(model, val_ids, n_windows=4)["loss"]
     assert peeking < 0.1 and honest > 3.0
 
@@ -65,7 +65,7 @@ def test_train_tiny_options_write_a_named_variant(tmp_path):
     assert info["model"]["n_kv_heads"] == 2 and info["model"]["max_len"] == 32 and info["model"]["causal"] is False
     assert info["training"]["tokens"] == 2 * 2 * 32 and len(info["training"]["history"]) == 2
     model = load_tiny_decoder(tmp_path / "variant.safetensors", tmp_path / "variant.json")
-    assert not model.blocks[0].attn.causal and model.config.n_kv_heads == 2
+    assert not model.blocks[0].attn.is_causal and model.config.n_kv_heads == 2
     val_ids = model.tokenizer.encode(split_text(load_text())[1])
     assert evaluate(model, val_ids, n_windows=16)["loss"] == pytest.approx(info["val_loss"], abs=1e-4)
 
@@ -102,7 +102,7 @@ def test_attn_fn_hook_runs_flash_attention_forward_and_backward():
 def test_attn_fn_refuses_attention_dropout():
     from selfattn_lite.multihead import MultiHeadAttention
 
-    mha = MultiHeadAttention(8, 2, dropout=0.5, causal=True).train()
+    mha = MultiHeadAttention(8, 2, dropout=0.5, is_causal=True).train()
     mha.attn_fn = flash_attention
     with pytest.raises(ValueError, match="dropout_p=0.5"):
         mha(torch.randn(1, 4, 8))

@@ -33,6 +33,7 @@ from __future__ import annotations
 import math
 import statistics
 import timeit
+import warnings
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
@@ -40,6 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from .._checks import check_int, check_positive_int
+from ..attention import upcast_dtype  # noqa: F401  (bench.upcast_dtype: the timing cells' name for it)
 
 __all__ = [
     "BenchRow",
@@ -215,16 +217,27 @@ def randn(*shape: int, device: torch.device | str = "cpu", dtype: torch.dtype = 
 # FLOPs
 # ---------------------------------------------------------------------------------------------
 
-def attention_flops(B: int, H: int, L: int, S: int, D: int, *, causal: bool = False) -> float:
+def attention_flops(B: int, H: int, L: int, S: int, D: int, *, is_causal: bool = False,
+                    causal: bool | None = None) -> float:
     """Forward FLOPs of attention: two matmuls (QK^T and PV) of 2*L*S*D each, per head.
 
-    4 * B * H * L * S * D. ``causal=True`` halves it: the count for a kernel that *skips*
+    4 * B * H * L * S * D. ``is_causal=True`` halves it: the count for a kernel that *skips*
     the masked half (torch's fused SDPA with ``is_causal=True``, the tiled kernel). A row that
     computes every score and then masks it (explicit attention, SDPA with a boolean mask)
-    does the full count whatever the mask: pass ``causal=False`` for it.
+    does the full count whatever the mask: pass ``is_causal=False`` for it.
+    ``causal=`` is the deprecated old name of ``is_causal`` (DeprecationWarning).
     """
+    is_causal = _renamed_causal(is_causal, causal)
     flops = 4.0 * B * H * L * S * D
-    return flops / 2 if causal else flops
+    return flops / 2 if is_causal else flops
+
+
+def _renamed_causal(is_causal: bool, causal: bool | None) -> bool:
+    """``is_causal``, or the deprecated ``causal=`` keyword it replaced (with a DeprecationWarning)."""
+    if causal is None:
+        return is_causal
+    warnings.warn("causal= is deprecated; pass is_causal=", DeprecationWarning, stacklevel=3)
+    return causal
 
 
 # ---------------------------------------------------------------------------------------------
@@ -236,11 +249,6 @@ def attention_flops(B: int, H: int, L: int, S: int, D: int, *, causal: bool = Fa
 # 8 leaves room without hiding a real bug (a wrong mask moves outputs by many hundreds of ulps).
 # float32: different summation orders over S keys (measured: under 10 ulps at S = 512).
 DEFAULT_ULPS = {torch.bfloat16: 8.0, torch.float16: 8.0, torch.float32: 256.0, torch.float64: 256.0}
-
-
-def upcast_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype selfattn_lite's explicit attention computes in: float32 for half inputs."""
-    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
 def ulp(dtype: torch.dtype, magnitude: float) -> float:
@@ -561,19 +569,20 @@ def compare(impls: dict[str, Callable[[], object]], *, reference: str,
 
 def compare_attention(impls: dict[str, Callable[..., object]], *, B: int | None = None, H: int | None = None,
                       L: int | None = None, S: int | None = None, D: int | None = None,
-                      causal: bool = False, dtype: torch.dtype | None = None,
+                      is_causal: bool = False, dtype: torch.dtype | None = None,
                       device: torch.device | str | None = None, seed: int = 0,
                       budget_s: float = 0.5, skips_masked: Collection[str] = (),
                       compute_dtypes: dict[str, torch.dtype] | None = None,
-                      ulps: float | None = None) -> list[BenchRow]:
+                      ulps: float | None = None, causal: bool | None = None) -> list[BenchRow]:
     """Compare attention functions ``fn(q, k, v, is_causal=...)`` against torch SDPA.
 
     Sizes default to ``default_sizes(device)``; q, k, v are (B, H, L|S, D), seeded, drawn on
-    the device. The reference row is named "torch SDPA". FLOPs per row: with ``causal``, torch
+    the device. The reference row is named "torch SDPA". FLOPs per row: with ``is_causal``, torch
     SDPA and the rows named in ``skips_masked`` get the halved count (they skip the masked
     half), every other row the full count (it computes every score, then masks).
-    On CUDA the head size must be at most ``MAX_FUSED_HEAD_DIM``.
+    On CUDA the head size must be at most ``MAX_FUSED_HEAD_DIM``. ``causal=``: deprecated old name.
     """
+    is_causal = _renamed_causal(is_causal, causal)
     device = torch.device(device) if device is not None else best_device()
     sizes = default_sizes(device)
     B, H, L, D = (sizes[n] if x is None else x for n, x in zip("BHLD", (B, H, L, D)))
@@ -591,12 +600,12 @@ def compare_attention(impls: dict[str, Callable[..., object]], *, B: int | None 
         q, k, v = (randn(B, H, n, D, device=device, dtype=dtype, generator=gen) for n in (L, S, S))
 
     def run_sdpa():
-        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
 
     calls = {"torch SDPA": run_sdpa}
     for name, fn in impls.items():
-        calls[name] = (lambda fn=fn: fn(q, k, v, is_causal=causal))
-    full, halved = attention_flops(B, H, L, S, D), attention_flops(B, H, L, S, D, causal=causal)
+        calls[name] = (lambda fn=fn: fn(q, k, v, is_causal=is_causal))
+    full, halved = attention_flops(B, H, L, S, D), attention_flops(B, H, L, S, D, is_causal=is_causal)
     flops = {name: halved if name == "torch SDPA" or name in skips_masked else full for name in calls}
     return compare(calls, reference="torch SDPA", flops=flops, device=device, budget_s=budget_s,
                    compute_dtypes=compute_dtypes, ulps=ulps)

@@ -96,7 +96,7 @@ def measure(ns, *, B: int = 1, H: int = 8, D: int = 64, dtype=torch.float32, dev
     records = []
     for n in ns:
         q, k, v, grad_out = _inputs(B, H, n, D, dtype, device)
-        flops = 3.5 * bench.attention_flops(B, H, n, n, D, causal=is_causal)   # backward ~ 2.5x the forward
+        flops = 3.5 * bench.attention_flops(B, H, n, n, D, is_causal=is_causal)   # backward ~ 2.5x the forward
         calls = implementations(q, k, v, grad_out, is_causal=is_causal, block_size=block_size)
         _check_all_grads(calls, **({} if dtype == torch.float32 else dict(atol=5e-2, rtol=5e-2)))
         rows = bench.compare(calls, reference=SDPA, flops=flops, device=device, budget_s=budget_s)

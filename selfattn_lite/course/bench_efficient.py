@@ -108,7 +108,7 @@ def measure(ns, *, B: int = 1, H: int = 8, D: int = 64, dtype=torch.float32, dev
     records = []
     for n in ns:
         q, k, v = attention_inputs(B, H, n, D, dtype=dtype, device=device)
-        flops = bench.attention_flops(B, H, n, n, D, causal=is_causal)
+        flops = bench.attention_flops(B, H, n, n, D, is_causal=is_causal)
         calls = implementations(q, k, v, is_causal=is_causal, block_size=block_size)
         upcast = {EXPLICIT: bench.upcast_dtype(dtype)}      # explicit attention's matmuls run in float32 for half
         try:

@@ -40,25 +40,25 @@ MODELS = {   # key -> (label shown on the page, note)
 SCALE = 255
 
 
-def quantize(weights: torch.Tensor, causal: bool = False) -> str:
+def quantize(weights: torch.Tensor, is_causal: bool = False) -> str:
     """(..., T, T) weights in [0, 1] -> base64 of round(255 w) as uint8, C order.
 
-    With ``causal`` only the lower triangle (i >= j) is kept, row by row.
+    With ``is_causal`` only the lower triangle (i >= j) is kept, row by row.
     """
     if weights.min() < 0 or weights.max() > 1 + 1e-6:
         raise ValueError(f"weights must lie in [0, 1], got [{float(weights.min())}, {float(weights.max())}]")
     q = (weights.clamp(0, 1) * SCALE).round().to(torch.uint8)
-    if causal:
+    if is_causal:
         T = q.shape[-1]
         i, j = torch.tril_indices(T, T)
         q = q[..., i, j]                                                # (..., T (T + 1) / 2)
     return base64.b64encode(q.contiguous().numpy().tobytes()).decode("ascii")
 
 
-def dequantize(data: str, shape: tuple[int, ...], causal: bool = False) -> torch.Tensor:
+def dequantize(data: str, shape: tuple[int, ...], is_causal: bool = False) -> torch.Tensor:
     """The inverse of ``quantize``: a float32 tensor of ``shape`` (..., T, T)."""
     raw = torch.frombuffer(bytearray(base64.b64decode(data)), dtype=torch.uint8).to(torch.float32) / SCALE
-    if not causal:
+    if not is_causal:
         return raw.reshape(shape)
     T = shape[-1]
     out = torch.zeros(shape)
@@ -67,10 +67,10 @@ def dequantize(data: str, shape: tuple[int, ...], causal: bool = False) -> torch
     return out
 
 
-def _entry(maps, causal: bool) -> dict:
-    if causal and bool(maps.weights.triu(1).abs().max() > 0):
+def _entry(maps, is_causal: bool) -> dict:
+    if is_causal and bool(maps.weights.triu(1).abs().max() > 0):
         raise ValueError(f"{maps.model}: weights above the diagonal are not zero, the model is not causal")
-    return {"tokens": list(maps.tokens), "weights": quantize(maps.weights, causal)}
+    return {"tokens": list(maps.tokens), "weights": quantize(maps.weights, is_causal)}
 
 
 def precompute(sentences=SENTENCES) -> dict:

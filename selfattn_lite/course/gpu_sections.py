@@ -116,7 +116,7 @@ def nb03(ctx: Context) -> dict:
     calls = {"torch SDPA, is_causal=True": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
              "explicit + bool mask": lambda: _explicit(q, k, v, attn_mask=causal),
              "torch SDPA + bool mask": lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=causal)}
-    full, half = bench.attention_flops(B, H, L, L, D), bench.attention_flops(B, H, L, L, D, causal=True)
+    full, half = bench.attention_flops(B, H, L, L, D), bench.attention_flops(B, H, L, L, D, is_causal=True)
     flops = {"torch SDPA, is_causal=True": half, "explicit + bool mask": full, "torch SDPA + bool mask": full}
     return _run(ctx, calls, lambda: F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True),
                 reference="torch SDPA, is_causal=True", flops=flops, compute=["explicit + bool mask"])
@@ -174,7 +174,7 @@ def nb05(ctx: Context) -> dict:
     calls = {"torch SDPA (q, k pre-rotated)": lambda: F.scaled_dot_product_attention(q_rot, k_rot, v, is_causal=True),
              "RoPE + torch SDPA": lambda: F.scaled_dot_product_attention(*rotate(), v, is_causal=True),
              "RoPE + selfattn_lite SDPA": lambda: _explicit(*rotate(), v, is_causal=True)}
-    half, full = bench.attention_flops(B, H, T, T, D, causal=True), bench.attention_flops(B, H, T, T, D)
+    half, full = bench.attention_flops(B, H, T, T, D, is_causal=True), bench.attention_flops(B, H, T, T, D)
     flops = {"torch SDPA (q, k pre-rotated)": half, "RoPE + torch SDPA": half, "RoPE + selfattn_lite SDPA": full}
     rotation = bench.time_stats(rotate, device=ctx.device, budget_s=ctx.budget_s)
     return _run(ctx, calls, lambda: F.scaled_dot_product_attention(q_rot.float(), k_rot.float(), v.float(),
@@ -213,7 +213,7 @@ def _gqa(ctx: Context, B, Hq, Hkv, L, D, names: dict) -> dict:
                                                               v.repeat_interleave(g, dim=1), is_causal=True),
              "explicit": lambda: _explicit(q, k, v, is_causal=True, enable_gqa=True)}
     calls = {names[key]: impls[key] for key in names}
-    half, full = bench.attention_flops(B, Hq, L, L, D, causal=True), bench.attention_flops(B, Hq, L, L, D)
+    half, full = bench.attention_flops(B, Hq, L, L, D, is_causal=True), bench.attention_flops(B, Hq, L, L, D)
     flops = {names[key]: full if key == "explicit" else half for key in names}
     return _run(ctx, calls, lambda: F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True,
                                                                    enable_gqa=True),

@@ -192,7 +192,7 @@ def main(argv=None) -> None:
     if args.n_kv_heads is not None:
         overrides["n_kv_heads"] = args.n_kv_heads
     if args.no_causal:
-        overrides["causal"] = False
+        overrides["is_causal"] = False
     weights, config = args.out / f"{args.name}.safetensors", args.out / f"{args.name}.json"
     model = train(steps=args.steps, batch=args.batch, lr=args.lr, seed=args.seed, warmup=args.warmup,
                   eval_every=args.eval_every, weights=weights, config=config, model_overrides=overrides,

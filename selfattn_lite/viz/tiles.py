@@ -16,13 +16,13 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
-from ..efficient import FULL, PARTIAL, SKIP, sliding_window_mask, tile_plan
+from ..efficient import TileKind, sliding_window_mask, tile_plan
 from .core import HeatmapWidget
 
 __all__ = ["TILE_COLORS", "draw_tile_plan", "TileWidget"]
 
 # Okabe-Ito: computed without mask, computed with mask, masked element, current tile
-TILE_COLORS = {FULL: "#0072B2", PARTIAL: "#56B4E9", "masked": "#d9d9d9", "current": "#E69F00"}
+TILE_COLORS = {TileKind.FULL: "#0072B2", TileKind.PARTIAL: "#56B4E9", "masked": "#d9d9d9", "current": "#E69F00"}
 
 
 def draw_tile_plan(n: int, block_size: int, *, is_causal: bool = True, window: int | None = None,
@@ -55,7 +55,7 @@ def draw_tile_plan(n: int, block_size: int, *, is_causal: bool = True, window: i
     for t in range(min(step + 1, total)):
         i, j = divmod(t, Tk)
         kind = int(plan[i, j])
-        if kind == SKIP:
+        if kind == TileKind.SKIP:
             continue
         rows, cols = slice(i * block_size, (i + 1) * block_size), slice(j * block_size, (j + 1) * block_size)
         tile = np.where(allowed[rows, cols].numpy()[..., None], rgb[kind], rgb["masked"])
@@ -65,7 +65,7 @@ def draw_tile_plan(n: int, block_size: int, *, is_causal: bool = True, window: i
         i, j = divmod(t, Tk)
         x0, y0 = j * block_size, i * block_size
         w, h = min(block_size, n - x0), min(block_size, n - y0)
-        if int(plan[i, j]) == SKIP and t < step:
+        if int(plan[i, j]) == TileKind.SKIP and t < step:
             ax.add_patch(Rectangle((x0, y0), w, h, fill=False, hatch="//", edgecolor="#999999", linewidth=0))
         ax.add_patch(Rectangle((x0, y0), w, h, fill=False, edgecolor="#333333", linewidth=0.6))
     if step < total:
@@ -81,11 +81,11 @@ def draw_tile_plan(n: int, block_size: int, *, is_causal: bool = True, window: i
     ax.set_yticks(ticks)
     ax.set_xlabel("key position j (key tiles)")
     ax.set_ylabel("query position i (query tiles)")
-    computed = int((plan != SKIP).sum())
+    computed = int((plan != TileKind.SKIP).sum())
     ax.set_title(title or f"n={n}, block={block_size}: {computed} of {total} tiles computed, "
                           f"{total - computed} skipped", fontsize=9)
-    ax.legend(handles=[Patch(color=TILE_COLORS[FULL], label="computed, no mask"),
-                       Patch(color=TILE_COLORS[PARTIAL], label="computed, masked inside"),
+    ax.legend(handles=[Patch(color=TILE_COLORS[TileKind.FULL], label="computed, no mask"),
+                       Patch(color=TILE_COLORS[TileKind.PARTIAL], label="computed, masked inside"),
                        Patch(facecolor="white", edgecolor="#999999", hatch="//", label="skipped"),
                        Patch(color=TILE_COLORS["masked"], label="masked element")],
               loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2, fontsize=8, frameon=False)
@@ -136,7 +136,7 @@ class TileWidget(HeatmapWidget):
 
     @property
     def computed(self) -> int:
-        return int((self.plan != SKIP).sum())
+        return int((self.plan != TileKind.SKIP).sum())
 
     @property
     def skipped(self) -> int:

@@ -19,7 +19,7 @@ def draw_cache_policies() -> Figure:
     for ax, policy in zip(axes[:3], ("full", "window", "sinks + window")):
         draw_policy(policy, 16, window=5, n_sink=2, ax=ax)
     docs = [0] * 5 + [1] * 7 + [2] * 4
-    axes[3].imshow(document_mask(docs, causal=True).float().numpy() * 2, cmap="Blues", vmin=0, vmax=2.5,
+    axes[3].imshow(document_mask(docs, is_causal=True).float().numpy() * 2, cmap="Blues", vmin=0, vmax=2.5,
                    interpolation="nearest")
     axes[3].set_xlabel("key position")
     axes[3].set_ylabel("query position")
