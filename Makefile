@@ -1,6 +1,6 @@
 # One command to a running course, one to the whole test suite.
 #   make lab      set up .venv (first time) and open the course in JupyterLab
-#   make test     set up .venv (first time), lint, and run every test and notebook
+#   make test     set up .venv (first time), lint (ruff, lint-imports), and run every test and notebook
 #   make student  write student notebooks (solutions removed) to student/
 #   make figures  regenerate figures/ from the package
 #   make notebooks  re-execute every notebook in place (after changing code)
@@ -40,6 +40,7 @@ lab: install
 
 test: install
 	$(PY) -m ruff check .
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 student: install

@@ -934,7 +934,7 @@ def timing_worker(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, layout: str,
     Returns:
         {"seconds": median seconds per call, "out": this rank's output shard}.
     """
-    from . import bench
+    from .course import bench
 
     rank, world = dist.get_rank(), dist.get_world_size()
     q, k, v = (shard(t, rank, world, layout=layout).to(device()) for t in (q, k, v))

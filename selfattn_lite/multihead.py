@@ -44,7 +44,8 @@ class MultiHeadAttention(nn.Module):
             as in torch's ``scaled_dot_product_attention``.
         bias: add biases to the four projections.
         rope: optional rotary embedding, called as ``rope(x, positions)`` on q and k
-            (B, heads, T, head_dim) after the head split (self-attention only).
+            (B, heads, T, head_dim) after the head split (self-attention only); as
+            ``rope(x, positions, angles=rope_angles)`` when the caller passes ``rope_angles``.
         dropout: dropout on the attention weights, in training mode only.
         kdim, vdim: input widths of keys and values for cross-attention (default d_model),
             as in ``nn.MultiheadAttention``.
@@ -134,8 +135,8 @@ class MultiHeadAttention(nn.Module):
         if positions is not None or self.rope is not None:
             positions = self._positions(positions, B, L, start, x.device)
         if self.rope is not None:
-            q = self.rope(q, positions, angles=rope_angles)
-            k = self.rope(k, positions, angles=rope_angles)
+            given = {} if rope_angles is None else {"angles": rope_angles}      # rope(x, positions) without
+            q, k = self.rope(q, positions, **given), self.rope(k, positions, **given)
         if cache is not None:
             k, v = cache.update(k, v)                                    # (B, h_kv, start + L, head_dim)
 

@@ -391,7 +391,7 @@ _TUNED: dict[tuple, tuple[dict, dict]] = {}
 
 def _tuned(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, scale: float) -> tuple[dict, dict]:
     """The fastest forward and backward configurations for this shape, timed once and cached."""
-    from . import bench
+    from .course import bench
 
     key = (q.shape[2], k.shape[2], q.shape[3], q.dtype, is_causal, bench.device_name(q.device))
     if key not in _TUNED:
@@ -448,7 +448,7 @@ def benchmark(device: torch.device | str = "cuda", *, B: int = 1, H: int = 16, n
         "fwd+bwd"), impl ("torch SDPA" or "triton flash_attention"), ms, tflops, peak_share (None when
         the device's peak is unknown), ratio_vs_sdpa, device, dtype.
     """
-    from . import bench
+    from .course import bench
 
     _require_triton()
     device = torch.device(device)

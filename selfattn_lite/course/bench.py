@@ -45,6 +45,7 @@ from ..attention import upcast_dtype  # noqa: F401  (bench.upcast_dtype: the tim
 
 __all__ = [
     "BenchRow",
+    "first_output",
     "Timing",
     "DeviceSpec",
     "DEVICE_SPECS",
@@ -489,8 +490,12 @@ class BenchRow:
         return f"{self.name} [{self.precision}]"
 
 
-def _first(out):
+def first_output(out):
+    """The output of an attention call: ``out`` itself, or ``out[0]`` of an (output, weights) pair."""
     return out[0] if isinstance(out, (tuple, list)) else out
+
+
+_first = first_output      # its old private name, still used by gpu_sections (rewritten in another branch)
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -534,14 +539,14 @@ def compare(impls: dict[str, Callable[[], object]], *, reference: str,
     if unknown:
         raise ValueError(f"compute_dtypes names {sorted(unknown)}, not among {list(impls)}")
     with torch.no_grad():
-        expected = _first(impls[reference]())
+        expected = first_output(impls[reference]())
         device = torch.device(device) if device is not None else expected.device
         floating = expected.is_floating_point()
         tol = tolerance(expected.dtype, _magnitude(expected), ulps) if floating else dict(atol=0.0, rtol=0.0)
         tol = dict(atol=atol if atol is not None else tol["atol"], rtol=rtol if rtol is not None else tol["rtol"])
         errors, err_ulps = {}, {}
         for name, fn in impls.items():
-            got = _first(fn())
+            got = first_output(fn())
             torch.testing.assert_close(got, expected, **tol,
                                        msg=lambda m, n=name: f"{n} disagrees with {reference}: {m}")
             errors[name] = (got.float() - expected.float()).abs().max().item()
