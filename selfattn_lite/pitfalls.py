@@ -7,7 +7,7 @@ was measured, whether the symptom showed up with the broken code, and whether th
 A demo is registered once, by the ``@pitfall(name, title, notebook, symptom)`` line above it
 (the registry is ``pitfall_registry``): ``PITFALLS`` maps each name to its ``Pitfall`` entry (its
 description, demo, and for four of them the attention weights to draw, ``weights``). ``run_all()`` runs every demo
-(tests/test_pitfalls.py does, and so does notebook 09); ``pitfall_weights`` gives the pictured
+(tests/reference/test_pitfalls.py does, and so does notebook 09); ``pitfall_weights`` gives the pictured
 weights, which ``viz.PitfallWidget`` draws.
 """
 

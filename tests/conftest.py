@@ -1,7 +1,13 @@
 import os
+import sys
+from pathlib import Path
 
 import torch
 from hypothesis import HealthCheck, settings
+
+# The tests live in three folders, one per wing (reference/, learner/, course/); the helpers they share
+# (helpers.py, gpu_report_helpers.py) stay here, importable from every one of them.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 # CI replays the same examples every run (derandomize); locally each run explores new ones.
 settings.register_profile("ci", max_examples=60, deadline=None, derandomize=True,

@@ -1,4 +1,4 @@
-"""Sections for tests/test_gpu_report.py: one that fails, one that hangs (targets "tests.gpu_report_helpers:...")."""
+"""Sections for tests/course/test_gpu_report.py: one that fails, one that hangs (targets "tests.gpu_report_helpers:...")."""
 
 import time
 

@@ -167,10 +167,11 @@ def calibrate(ctx) -> dict:
 
 
 # the tests that exercise the package's device code; on CUDA their device parameters include "cuda"
-TEST_FILES = ["tests/test_bench.py", "tests/test_devices.py", "tests/test_attention.py", "tests/test_efficient.py",
-              "tests/test_efficient_half.py", "tests/test_kv_cache.py", "tests/test_models.py",
-              "tests/test_multihead.py", "tests/test_masks.py", "tests/test_positions.py"]
-DRY_RUN_TESTS = ["tests/test_bench.py", "-k", "ulp_of_bf16"]
+TEST_FILES = ["tests/course/test_bench.py", "tests/reference/test_devices.py", "tests/reference/test_attention.py",
+              "tests/reference/test_efficient.py", "tests/reference/test_efficient_half.py",
+              "tests/reference/test_kv_cache.py", "tests/reference/test_models.py", "tests/reference/test_multihead.py",
+              "tests/reference/test_masks.py", "tests/reference/test_positions.py"]
+DRY_RUN_TESTS = ["tests/course/test_bench.py", "-k", "ulp_of_bf16"]
 
 
 def package_tests(ctx) -> dict:

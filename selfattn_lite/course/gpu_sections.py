@@ -2,7 +2,7 @@
 
 A notebook's last cell times what it taught against torch's fused SDPA at sizes a CPU can run
 in seconds. Here is the same comparison (the same implementations under the same row names;
-``tests/test_gpu_report.py`` checks the names against each notebook's last cell) at the sizes
+``tests/course/test_gpu_report.py`` checks the names against each notebook's last cell) at the sizes
 that cell uses on CUDA, in bfloat16, with the inputs drawn on the device. Every function takes a
 ``Context`` (device, tiny sizes or full, time budget) and returns a JSON-able dict:
 

@@ -10,7 +10,7 @@ from PIL import Image
 from selfattn_lite.course import figures
 from selfattn_lite.course.figures.sdpa import CAT_SAT_TOKENS, CAT_SAT_WEIGHTS
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_every_figure_regenerates_like_the_committed_one(tmp_path):

@@ -299,7 +299,7 @@ def test_bad_input_raises_value_error(call, fragment):
 
 
 def test_flash_attention_takes_inputs_that_require_grad():
-    """It used to refuse them (forward only); now it has a backward (tests/test_backward.py)."""
+    """It used to refuse them (forward only); now it has a backward (tests/reference/test_backward.py)."""
     q, k, v = qkv((2,), 7, 7, 4, 4)
     q.requires_grad_()
     out = flash_attention(q, k, v)

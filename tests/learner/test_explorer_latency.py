@@ -4,7 +4,7 @@ The course's target is a re-draw under 100 ms per control change (compute the we
 changed artists, encode the PNG) on a 32-token sentence. Timings depend on the machine and its load,
 so this test prints the median and the slowest click and asserts only that each change re-draws
 exactly once and that a click is not pathologically slow (a very loose bound, far above the target).
-Run it alone to see the figures: ``python -m pytest tests/test_explorer_latency.py -s``.
+Run it alone to see the figures: ``python -m pytest tests/learner/test_explorer_latency.py -s``.
 """
 
 import pytest

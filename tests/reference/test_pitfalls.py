@@ -9,7 +9,7 @@ import torch.nn.functional as F
 import selfattn_lite as sal
 from selfattn_lite import pitfalls, viz
 
-NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 
 
 @pytest.fixture(scope="module")
