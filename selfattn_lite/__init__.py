@@ -3,9 +3,17 @@
 Self-attention written out in plain PyTorch: a transparent twin of torch's APIs that
 also returns what torch hides (the attention weights), checked against torch in tests.
 
-Modules: attention, masks, multihead, positions, kv_cache, presets, efficient, graphs, models,
-encoder, explore, viz, bench, distributed, triton_attention, gpu_report, exercises, figures.
-The main names are importable from here.
+The package has three wings (the README's "Layout" says why; import-linter enforces it):
+
+* the reference, what the notebooks teach, one module per subject in reading order: attention,
+  masks, multihead, positions (with rope_scaling), kv_cache, presets, efficient, pitfalls, graphs,
+  models, encoder, explore; Part II: mla, flex, streaming, distributed, triton_attention. It imports
+  nothing else of the package but ``_checks`` (the input checks every module shares);
+* the learner layer: ``viz`` (figures and widgets) and ``exercises`` (the checkers), on the reference;
+* the course machinery, ``course``: benchmarks, the GPU report, training and evaluation commands,
+  the student build, assignments, site, badges and figure scripts, on both.
+
+The main names of the reference are importable from here.
 """
 
 from __future__ import annotations

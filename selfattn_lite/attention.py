@@ -36,6 +36,8 @@ def safe_softmax(scores: Tensor, dim: int = -1) -> Tensor:
     A fully masked row has no key to attend to; torch >= 2.5 returns zero weights
     (and so a zero output) there, and so do we. The row is replaced by zeros *before*
     the softmax too, so no NaN flows back through it in the backward pass either.
+
+    Taught in notebook 03, "A query with nothing to look at".
     """
     fully_masked = torch.isneginf(scores).all(dim=dim, keepdim=True)
     weights = torch.softmax(scores.masked_fill(fully_masked, 0.0), dim=dim)
@@ -75,6 +77,8 @@ def scaled_dot_product_attention(
         (post-dropout) attention probabilities, also in the input dtype. A query row
         with every key masked gets zero weights and a zero output. Half-precision
         inputs are computed in float32 and cast back.
+
+    Taught in notebook 01, "Check against the package and torch".
     """
     validate_qkv(query, key, value, enable_gqa=enable_gqa)
     if not 0.0 <= dropout_p <= 1.0:
@@ -145,6 +149,8 @@ def attention_backward(
 
     Returns:
         (dq, dk, dv), shaped like q, k and v, in their dtype (computed in float32 for half inputs).
+
+    Taught in notebook 11, "All five gradients, built in cells".
     """
     validate_qkv(q, k, v, enable_gqa=enable_gqa)
     if not isinstance(grad_out, Tensor):
@@ -193,6 +199,8 @@ def validate_qkv(query: Tensor, key: Tensor, value: Tensor, *, enable_gqa: bool 
 
     Raises:
         ValueError: naming the shapes when they do not fit.
+
+    Taught in notebook 01, "Check against the package and torch".
     """
     for name, t in (("query", query), ("key", key), ("value", value)):
         if not isinstance(t, Tensor):
@@ -243,5 +251,8 @@ def validate_qkv(query: Tensor, key: Tensor, value: Tensor, *, enable_gqa: bool 
 
 
 def validate_mask(attn_mask: Tensor, scores_shape: torch.Size) -> None:
-    """Check that a mask is boolean or floating and broadcasts to the scores (..., L, S)."""
+    """Check that a mask is boolean or floating and broadcasts to the scores (..., L, S).
+
+    Taught in notebook 03, "1 · The additive mask".
+    """
     check_mask("attn_mask", attn_mask, scores_shape)

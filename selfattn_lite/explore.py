@@ -45,6 +45,8 @@ class AttentionMaps:
         weights: (n_layers, n_heads, T, T); weights[l, h, i, j] is how much token i
             attends to token j in head h of layer l. Each row sums to 1.
         model: a short name of the model that produced them.
+
+    Taught in notebook 10, "Real heads of a real model".
     """
 
     tokens: list[str]
@@ -89,6 +91,8 @@ def explore(text: str, model: BertEncoder | None = None, tokenizer=None) -> Atte
 
     Returns:
         ``AttentionMaps`` with tokens (T) and weights (n_layers, n_heads, T, T).
+
+    Taught in notebook 10, "Real heads of a real model".
     """
     if not isinstance(text, str) or not text.strip():
         raise ValueError(f"text must be a non-empty string, got {text!r}")
@@ -111,6 +115,8 @@ def decoder_attention(model, ids: Tensor) -> tuple[Tensor, list[Tensor]]:
 
     Returns:
         logits (B, T, vocab) and [weights (B, h, T, T)] * n_layers, lower-triangular.
+
+    Taught in notebook 10, "Real heads of a real model".
     """
     return model(ids, need_weights=True)
 
@@ -124,6 +130,8 @@ def explore_decoder(text: str, model=None) -> AttentionMaps:
 
     Returns:
         ``AttentionMaps`` with one token per character and weights (n_layers, n_heads, T, T).
+
+    Taught in notebook 10, "Real heads of a real model".
     """
     if not isinstance(text, str) or not text:
         raise ValueError(f"text must be a non-empty string, got {text!r}")
@@ -149,7 +157,10 @@ def _char_label(c: str) -> str:
 
 
 def token_index(tokens: list[str], token: str | int, occurrence: int = 0) -> int:
-    """Position of ``token`` in ``tokens`` (its ``occurrence``-th appearance); ints pass through."""
+    """Position of ``token`` in ``tokens`` (its ``occurrence``-th appearance); ints pass through.
+
+    Taught in notebook 10, "Real heads of a real model".
+    """
     if isinstance(token, int):
         if not -len(tokens) <= token < len(tokens):
             raise ValueError(f"token index {token} is out of range for {len(tokens)} tokens")
@@ -161,7 +172,10 @@ def token_index(tokens: list[str], token: str | int, occurrence: int = 0) -> int
 
 
 def token_scores(maps: AttentionMaps, query: str | int, key: str | int) -> Tensor:
-    """(n_layers, n_heads): the weight from query token to key token in every head."""
+    """(n_layers, n_heads): the weight from query token to key token in every head.
+
+    Taught in notebook 10, "Real heads of a real model".
+    """
     i, j = token_index(maps.tokens, query), token_index(maps.tokens, key)
     return maps.weights[:, :, i, j]
 
@@ -170,6 +184,8 @@ def previous_token_scores(weights: Tensor) -> Tensor:
     """(..., T, T) -> (...): mean over queries i >= 1 of the weight on the previous token, w[i, i-1].
 
     1.0 is a perfect previous-token head; a uniform head over T keys scores about 1/T.
+
+    Taught in notebook 10, "Real heads of a real model".
     """
     if weights.dim() < 2 or weights.shape[-1] != weights.shape[-2] or weights.shape[-1] < 2:
         raise ValueError(f"weights must be (..., T, T) with T >= 2, got {tuple(weights.shape)}")
@@ -177,6 +193,9 @@ def previous_token_scores(weights: Tensor) -> Tensor:
 
 
 def column_scores(maps: AttentionMaps, key: str | int) -> Tensor:
-    """(n_layers, n_heads): the mean weight every query puts on one key (e.g. "[SEP]")."""
+    """(n_layers, n_heads): the mean weight every query puts on one key (e.g. "[SEP]").
+
+    Taught in notebook 10, "Real heads of a real model".
+    """
     j = token_index(maps.tokens, key)
     return maps.weights[:, :, :, j].mean(-1)

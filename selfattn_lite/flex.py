@@ -39,12 +39,18 @@ _UNFUSED_WARNING = "flex_attention called without torch.compile"
 
 
 def causal_mod(b, h, q_idx, kv_idx):
-    """mask_mod of causal attention: kv_idx <= q_idx."""
+    """mask_mod of causal attention: kv_idx <= q_idx.
+
+    Taught in notebook 13, "5. The same masks as FlexAttention".
+    """
     return q_idx >= kv_idx
 
 
 def sliding_window_mod(window: int):
-    """mask_mod of a causal sliding window: q_idx - window < kv_idx <= q_idx (``window`` keys)."""
+    """mask_mod of a causal sliding window: q_idx - window < kv_idx <= q_idx (``window`` keys).
+
+    Taught in notebook 13, "5. The same masks as FlexAttention".
+    """
     check_positive_int("window", window)
 
     def mask_mod(b, h, q_idx, kv_idx):
@@ -53,7 +59,10 @@ def sliding_window_mod(window: int):
 
 
 def sink_window_mod(n_sink: int, window: int):
-    """mask_mod of attention sinks + a causal window (``masks.sink_window_mask``)."""
+    """mask_mod of attention sinks + a causal window (``masks.sink_window_mask``).
+
+    Taught in notebook 13, "5. The same masks as FlexAttention".
+    """
     check_positive_int("window", window)
     n_sink = check_int("n_sink", n_sink, low=0)
 
@@ -68,6 +77,8 @@ def document_mod(doc_ids: Tensor, *, is_causal: bool = False):
     Args:
         doc_ids: (T,) integer document id per token (one packed row).
         is_causal: also require kv_idx <= q_idx (default False, as ``masks.document_mask``).
+
+    Taught in notebook 13, "5. The same masks as FlexAttention".
     """
     doc_ids = torch.as_tensor(doc_ids)
     if doc_ids.dim() != 1 or doc_ids.is_floating_point() or doc_ids.dtype == torch.bool or len(doc_ids) < 1:
@@ -81,7 +92,10 @@ def document_mod(doc_ids: Tensor, *, is_causal: bool = False):
 
 
 def alibi_score_mod(n_heads: int):
-    """score_mod of ALiBi: score - m_h |q_idx - kv_idx| (``positions.alibi_bias`` as a function)."""
+    """score_mod of ALiBi: score - m_h |q_idx - kv_idx| (``positions.alibi_bias`` as a function).
+
+    Taught in notebook 13, "5. The same masks as FlexAttention".
+    """
     slopes = alibi_slopes(check_positive_int("n_heads", n_heads))   # (h,)
 
     def score_mod(score, b, h, q_idx, kv_idx):
@@ -99,6 +113,8 @@ def block_mask(mask_mod, L: int, S: int | None = None, *, B: int | None = None, 
 
     Returns:
         A ``torch.nn.attention.flex_attention.BlockMask`` built with device="cpu".
+
+    Taught in notebook 13, "5. The same masks as FlexAttention".
     """
     from torch.nn.attention.flex_attention import create_block_mask
 
@@ -116,6 +132,8 @@ def flex_attention(q: Tensor, k: Tensor, v: Tensor, *, score_mod=None, block_mas
 
     Returns:
         (B, h, L, Ev).
+
+    Taught in notebook 13, "5. The same masks as FlexAttention".
     """
     from torch.nn.attention.flex_attention import flex_attention as _flex
 
@@ -138,6 +156,8 @@ def block_counts(mask) -> dict:
     Returns:
         dict with ``total``, ``full``, ``partial``, ``skipped`` (tile counts over batch and
         heads as stored) and ``share_skipped`` (skipped / total).
+
+    Taught in notebook 13, "5. The same masks as FlexAttention".
     """
     q_blocks = mask.kv_num_blocks.shape[-1]
     kv_blocks = -(-mask.seq_lengths[1] // mask.BLOCK_SIZE[1])

@@ -64,6 +64,8 @@ def gat_attention(h: torch.Tensor, adj: torch.Tensor, weight: torch.Tensor, att_
 
     Raises:
         ValueError: naming the shapes when they do not fit, or when adj is not bool.
+
+    Taught in notebook 10, "5. Graphs: attention restricted to neighbours (GAT and graph transformers)".
     """
     _check(h, adj, weight, att_src, att_dst)
     wh = h @ weight.T                                           # (N, F_out): W h_j for every node
@@ -90,6 +92,8 @@ class GATLayer(nn.Module):
 
     ``forward(h, adj) -> (out, weights)`` with h (N, F_in), adj (N, N) bool, weights (K, N, N).
     No nonlinearity, dropout or bias: apply ELU (hidden) or softmax (output) yourself, as the paper does.
+
+    Taught in notebook 10, "5. Graphs: attention restricted to neighbours (GAT and graph transformers)".
     """
 
     def __init__(self, in_features: int, out_features: int, heads: int = 1, *, concat: bool = True,

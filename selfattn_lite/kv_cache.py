@@ -51,6 +51,8 @@ class TokenCache:
     does the bookkeeping: ``len``, ``reset``, ``crop``, ``nbytes`` and the overflow check.
     ``len(cache)`` is the number of tokens stored, which is also the position of the next token
     (what RoPE needs).
+
+    Taught in notebook 13, "1. Multi-head latent attention".
     """
 
     _buffers: tuple[str, ...] = ()
@@ -104,6 +106,8 @@ class KVCache(TokenCache):
 
     Attributes:
         k, v: the (B, n_kv_heads, max_len, head_dim) buffers (only [:len] is meaningful).
+
+    Taught in notebook 06, "The package's `KVCache`".
     """
 
     _buffers = ("k", "v")
@@ -198,6 +202,8 @@ class PagedKVCache:
         k_pool, v_pool: (n_blocks, n_kv_heads, block_size, head_dim).
         block_tables: sequence id -> list of pool block indices.
         lengths: sequence id -> tokens stored.
+
+    Taught in notebook 06, "Paged allocation".
     """
 
     def __init__(self, n_blocks: int, block_size: int, n_kv_heads: int, head_dim: int, *,
@@ -285,6 +291,8 @@ def paging_waste(lengths, max_len: int, block_size: int) -> dict:
     Returns:
         dict with ``tokens`` (slots actually used), ``contiguous`` and ``paged`` (slots
         reserved), and ``contiguous_waste`` / ``paged_waste`` (share of reserved slots unused).
+
+    Taught in notebook 06, "Paged allocation".
     """
     lengths = [int(n) for n in lengths]
     check_positive_int("max_len", max_len)
@@ -310,6 +318,8 @@ def quantize_int8(x: Tensor) -> tuple[Tensor, Tensor]:
 
     Returns:
         q: int8, same shape as x; scale: (..., 1) in x's dtype.
+
+    Taught in notebook 06, "An 8-bit cache".
     """
     if not x.is_floating_point():
         raise ValueError(f"quantize_int8 expects a floating tensor, got dtype {x.dtype}")
@@ -320,7 +330,10 @@ def quantize_int8(x: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def dequantize_int8(q: Tensor, scale: Tensor, dtype: torch.dtype | None = None) -> Tensor:
-    """q * scale, in ``dtype`` (default: the scale's dtype)."""
+    """q * scale, in ``dtype`` (default: the scale's dtype).
+
+    Taught in notebook 06, "An 8-bit cache".
+    """
     dtype = scale.dtype if dtype is None else dtype
     return (q.to(torch.float32) * scale.to(torch.float32)).to(dtype)
 
@@ -331,6 +344,8 @@ class Int8KVCache(KVCache):
     Same API as ``KVCache``: ``update`` takes and returns floating tensors (it quantises
     what it stores and dequantises what it returns), so a model can use it unchanged.
     Memory per value: 1 byte, plus one ``dtype`` scale per head_dim values.
+
+    Taught in notebook 06, "An 8-bit cache".
     """
 
     _buffers = ("k", "v", "k_scale", "v_scale")
@@ -384,6 +399,8 @@ class SinkKVCache(KVCache):
         k, v: (B, n_kv_heads, n_sink + window, head_dim) buffers, in slot order.
         slot_positions: (n_sink + window,) long, the original position held by each slot
             (-1 = empty).
+
+    Taught in notebook 13, "3. Attention sinks and the rolling window: caches of constant size".
     """
 
     def __init__(self, batch: int, n_kv_heads: int, head_dim: int, *, window: int, n_sink: int = 0,
@@ -455,6 +472,8 @@ class RollingKVCache(SinkKVCache):
 
     Token t is written to slot t mod window; memory stays at ``window`` slots however long
     decoding runs, and query t sees keys t - window + 1 .. t: sliding-window attention.
+
+    Taught in notebook 13, "3. Attention sinks and the rolling window: caches of constant size".
     """
 
     def __init__(self, batch: int, n_kv_heads: int, head_dim: int, *, window: int,

@@ -37,6 +37,8 @@ def causal_mask(L: int, S: int | None = None, *, bottom_right: bool = False, dev
 
     Returns:
         (L, S) bool tensor, True = may attend.
+
+    Taught in notebook 03, "2 · The causal mask".
     """
     L = check_positive_int("L", L)
     S = L if S is None else check_positive_int("S", S)
@@ -54,6 +56,8 @@ def padding_mask(lengths, max_len: int | None = None) -> Tensor:
     Returns:
         (B, max_len) bool tensor. To use it as an attention mask over keys, index it as
         ``mask[:, None, None, :]`` -> (B, 1, 1, S), or call ``key_padding_to_attn_mask``.
+
+    Taught in notebook 03, "3 · Padding".
     """
     lengths = torch.as_tensor(lengths)
     if lengths.dim() != 1 or lengths.is_floating_point() or lengths.dtype == torch.bool:
@@ -69,7 +73,10 @@ def padding_mask(lengths, max_len: int | None = None) -> Tensor:
 
 
 def key_padding_to_attn_mask(real_tokens: Tensor) -> Tensor:
-    """(B, S) True = real key -> (B, 1, 1, S) attention mask over (B, h, L, S) scores."""
+    """(B, S) True = real key -> (B, 1, 1, S) attention mask over (B, h, L, S) scores.
+
+    Taught in notebook 03, "3 · Padding".
+    """
     check_tensor("real_tokens", real_tokens)
     if real_tokens.dtype != torch.bool or real_tokens.dim() != 2:
         raise ValueError(f"expected a (B, S) bool mask, got shape {tuple(real_tokens.shape)} "
@@ -81,6 +88,8 @@ def combine_masks(*masks: Tensor | None) -> Tensor | None:
     """AND of boolean masks (a pair may attend only if every mask allows it), broadcast.
 
     ``None`` entries are skipped; returns None if all are None.
+
+    Taught in notebook 03, "3 · Padding".
     """
     present = [check_tensor("each mask", m) for m in masks if m is not None]
     for m in present:
@@ -101,7 +110,10 @@ def combine_masks(*masks: Tensor | None) -> Tensor | None:
 
 
 def to_additive(mask: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
-    """Boolean mask (True = may attend) -> additive mask M: 0 where allowed, -inf where not."""
+    """Boolean mask (True = may attend) -> additive mask M: 0 where allowed, -inf where not.
+
+    Taught in notebook 03, "1 · The additive mask".
+    """
     check_tensor("mask", mask)
     if not dtype.is_floating_point:
         raise ValueError(f"an additive mask holds -inf, so its dtype must be floating, got {dtype}")
@@ -112,7 +124,10 @@ def to_additive(mask: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
 
 
 def is_fully_masked(mask: Tensor) -> Tensor:
-    """(..., L) bool: True for the query rows of a (..., L, S) boolean mask that see no key."""
+    """(..., L) bool: True for the query rows of a (..., L, S) boolean mask that see no key.
+
+    Taught in notebook 03, "A query with nothing to look at".
+    """
     check_tensor("mask", mask)
     if mask.dtype != torch.bool:
         raise ValueError(f"expected a bool mask, got dtype {mask.dtype}")
@@ -128,6 +143,8 @@ def sink_window_mask(L: int, n_sink: int, window: int, *, device=None) -> Tensor
 
     Returns:
         (L, L) bool, True = may attend.
+
+    Taught in notebook 13, "3. Attention sinks and the rolling window: caches of constant size".
     """
     L = check_positive_int("L", L)
     window = check_positive_int("window", window)
@@ -159,6 +176,8 @@ def document_mask(doc_ids, *, is_causal: bool = False) -> Tensor:
 
     Returns:
         (T, T) or (B, T, T) bool, True = may attend (same document, and j <= i if is_causal).
+
+    Taught in notebook 13, "4. Packed sequences".
     """
     doc_ids = _check_doc_ids(doc_ids)
     if not isinstance(is_causal, bool):
@@ -181,6 +200,8 @@ def document_positions(doc_ids) -> Tensor:
 
     Returns:
         Long tensor of doc_ids' shape.
+
+    Taught in notebook 13, "4. Packed sequences".
     """
     doc_ids = _check_doc_ids(doc_ids)
     T = doc_ids.shape[-1]

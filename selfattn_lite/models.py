@@ -81,6 +81,8 @@ class DecoderConfig:
         position: "rope" (rotate q and k) or "alibi" (add -m_h (i - j) to the scores).
         rope_scaling: None or a context-extension dict for RoPE, as ``RotaryEmbedding``'s
             ``scaling`` (e.g. {"kind": "linear", "factor": 4.0}).
+
+    Taught in notebook 06, "A tiny decoder that really generates".
     """
 
     vocab_size: int
@@ -137,7 +139,10 @@ class DecoderConfig:
 
 
 class CharTokenizer:
-    """One token per character; ids are positions in the sorted vocabulary string."""
+    """One token per character; ids are positions in the sorted vocabulary string.
+
+    Taught in notebook 06, "A tiny decoder that really generates".
+    """
 
     def __init__(self, chars: str):
         if len(set(chars)) != len(chars):
@@ -187,7 +192,10 @@ class MLP(nn.Module):
 
 
 class DecoderBlock(nn.Module):
-    """Pre-norm block: x + MHA(Norm(x)), then x + MLP(Norm(x))."""
+    """Pre-norm block: x + MHA(Norm(x)), then x + MLP(Norm(x)).
+
+    Taught in notebook 06, "A tiny decoder that really generates".
+    """
 
     def __init__(self, config: DecoderConfig, rope: RotaryEmbedding | None):
         super().__init__()
@@ -227,6 +235,8 @@ class TinyDecoder(nn.Module):
 
     Attributes:
         tokenizer: set by ``load_tiny_decoder`` (a ``CharTokenizer``), else None.
+
+    Taught in notebook 06, "A tiny decoder that really generates".
     """
 
     def __init__(self, config: DecoderConfig):
@@ -432,6 +442,8 @@ def to_gqa(model: TinyDecoder, n_kv_heads: int) -> TinyDecoder:
     The recipe of Ainslie et al. (2023) for turning an MHA checkpoint into GQA (n_kv_heads
     between 1 and h) or MQA (1); the paper then trains it a little more ("uptraining").
     Query, output and MLP weights are copied unchanged. The copy has the model's device and dtype.
+
+    Taught in notebook 07, "Turning an MHA checkpoint into GQA".
     """
     c = model.config
     if c.n_kv_heads != c.n_heads:
@@ -457,12 +469,18 @@ VAL_FRACTION = 0.1
 
 
 def load_text() -> str:
-    """The training text shipped with the package (Shakespeare, public domain)."""
+    """The training text shipped with the package (Shakespeare, public domain).
+
+    Taught in notebook 11, "GQA's quality, trained from scratch".
+    """
     return TEXT_FILE.read_text(encoding="utf-8")
 
 
 def split_text(text: str, val_fraction: float = VAL_FRACTION) -> tuple[str, str]:
-    """(train, held-out): the last ``val_fraction`` of the text is never trained on."""
+    """(train, held-out): the last ``val_fraction`` of the text is never trained on.
+
+    Taught in notebook 11, "GQA's quality, trained from scratch".
+    """
     cut = int(len(text) * (1 - val_fraction))
     return text[:cut], text[cut:]
 
@@ -478,6 +496,8 @@ def evaluate(model: TinyDecoder, ids: Tensor, seq_len: int | None = None, n_wind
     Returns:
         {"loss": mean cross-entropy, "accuracy": share of tokens whose argmax is right}.
         The windows are moved to the model's device (ids may live on the CPU).
+
+    Taught in notebook 11, "GQA's quality, trained from scratch".
     """
     seq_len = model.config.max_len - 1 if seq_len is None else seq_len
     if ids.dim() != 1 or len(ids) < seq_len + 1:
@@ -506,6 +526,8 @@ def load_tiny_decoder(weights: str | Path | None = None, config: str | Path | No
             {"kind": "yarn", "factor": 4.0, "original_max_len": 512}.
         max_len: the longest sequence to accept (default: the trained one). Past the trained
             length RoPE meets angles it never saw unless ``rope_scaling`` slows the rotations.
+
+    Taught in notebook 06, "A tiny decoder that really generates".
     """
     from safetensors.torch import load_file
 

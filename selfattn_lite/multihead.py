@@ -58,6 +58,8 @@ class MultiHeadAttention(nn.Module):
     Attribute ``attn_fn``: None (torch's fused SDPA) or a function used in its place when
     ``need_weights`` is False, called as ``attn_fn(q, k, v, is_causal=..., enable_gqa=...)``
     (plus ``attn_mask=`` when there is a mask), e.g. ``efficient.flash_attention`` (notebook 11).
+
+    Taught in notebook 04, "The package: `MultiHeadAttention`".
     """
 
     attn_fn = None

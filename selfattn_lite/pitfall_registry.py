@@ -21,6 +21,8 @@ class Demo:
     """One pitfall, run: the measurements, and whether the symptom and the fix were observed.
 
     A demo function returns the first three fields; its ``@pitfall`` line fills in the rest.
+
+    Taught in notebook 09, "Check against the package".
     """
 
     measured: dict
@@ -48,6 +50,8 @@ class Pitfall:
     demo writes both inline, a line or two each).
     ``weights(fixed)``: the (L, S) weights with the broken (False) or fixed (True) code, and the
     mask (True = masked) if any; ``picture`` is the title they are drawn under.
+
+    Taught in notebook 09, "Check against the package".
     """
 
     name: str
@@ -70,6 +74,8 @@ def pitfall(name: str, title: str, notebook: str, symptom: str, *, broken: Code 
 
     ``broken`` and ``fixed``: the function(s) or class(es) holding the bug and its fix, where they
     are separate from the demo; ``picture`` and ``weights``: see ``Pitfall``.
+
+    Taught in notebook 09, "Check against the package".
     """
     if name in PITFALLS:
         raise ValueError(f"pitfall {name!r} is already registered")
@@ -91,5 +97,8 @@ def _as_tuple(code: Code) -> tuple[Callable, ...]:
 
 
 def run_all() -> list[Demo]:
-    """Run every demonstration, in the order they are registered (numbered) here."""
+    """Run every demonstration, in the order they are registered (numbered) here.
+
+    Taught in notebook 09, "Check against the package".
+    """
     return [p.demo() for p in PITFALLS.values()]

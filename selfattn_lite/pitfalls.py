@@ -69,7 +69,10 @@ __all__ = [
 # ---------------------------------------------------------------------------------------------
 
 def broken_no_scale(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-    """softmax(Q K^T) V: the scale is missing."""
+    """softmax(Q K^T) V: the scale is missing.
+
+    Taught in notebook 09, "1 · Missing 1/√dk".
+    """
     weights = torch.softmax(q @ k.transpose(-2, -1), dim=-1)
     return weights @ v, weights
 
@@ -78,6 +81,8 @@ def fixed_attention(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
     """softmax(Q K^T / sqrt(dk)) V, the softmax over the keys: the fix of pitfalls 1 and 2.
 
     q (..., L, dk), k (..., S, dk), v (..., S, dv) -> output (..., L, dv) and weights (..., L, S).
+
+    Taught in notebook 09, "1 · Missing 1/√dk".
     """
     weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1)
     return weights @ v, weights
@@ -93,7 +98,10 @@ def _missing_scale_weights(fixed: bool) -> Weights:
          broken=broken_no_scale, fixed=fixed_attention,
          picture="1 · missing 1/sqrt(dk) (dk = 256)", weights=_missing_scale_weights)
 def demo_missing_scale(dk: int = 512) -> Demo:
-    """With dk = 512 unscaled scores have std ~ 22: softmax is nearly one-hot."""
+    """With dk = 512 unscaled scores have std ~ 22: softmax is nearly one-hot.
+
+    Taught in notebook 09, "1 · Missing 1/√dk".
+    """
     g = _gen(1)
     q, k = torch.randn(64, 1, dk, generator=g), torch.randn(64, 16, dk, generator=g)   # 64 queries, 16 keys each
     v = torch.randn(64, 16, 8, generator=g)
@@ -111,7 +119,10 @@ def demo_missing_scale(dk: int = 512) -> Demo:
 # ---------------------------------------------------------------------------------------------
 
 def broken_softmax_dim(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-    """Softmax over dim=-2, the queries: each *column* sums to 1."""
+    """Softmax over dim=-2, the queries: each *column* sums to 1.
+
+    Taught in notebook 09, "2 · Softmax over the wrong dimension".
+    """
     weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-2)
     return weights @ v, weights
 
@@ -126,6 +137,10 @@ def _softmax_dim_weights(fixed: bool) -> Weights:
          broken=broken_softmax_dim, fixed=fixed_attention,
          picture="2 · softmax over the queries", weights=_softmax_dim_weights)
 def demo_softmax_dim() -> Demo:
+    """Softmax over the queries instead of the keys: the columns sum to 1, the rows do not.
+
+    Taught in notebook 09, "2 · Softmax over the wrong dimension".
+    """
     g = _gen(2)
     q, k, v = (torch.randn(2, 5, 8, generator=g) for _ in range(3))
     _, w_broken = broken_softmax_dim(q, k, v)
@@ -152,7 +167,10 @@ def _mask_polarity_weights(fixed: bool) -> Weights:
          "token 0 sees the future: its output moves when only the last token changes",
          picture="3 · True = forbidden mask given to SDPA", weights=_mask_polarity_weights)
 def demo_mask_polarity() -> Demo:
-    """A causal mask written the nn.MultiheadAttention way (True = forbidden) given to SDPA."""
+    """A causal mask written the nn.MultiheadAttention way (True = forbidden) given to SDPA.
+
+    Taught in notebook 09, "3 · Mask polarity: SDPA's True = attend, nn.MultiheadAttention's True = ignore".
+    """
     g = _gen(3)
     T = 6
     q, k, v = (torch.randn(1, T, 8, generator=g) for _ in range(3))
@@ -177,12 +195,18 @@ def demo_mask_polarity() -> Demo:
 # ---------------------------------------------------------------------------------------------
 
 def broken_masked_softmax(scores: Tensor, mask: Tensor) -> Tensor:
-    """masked_fill with -inf then softmax: a row with no allowed key becomes 0/0 = NaN."""
+    """masked_fill with -inf then softmax: a row with no allowed key becomes 0/0 = NaN.
+
+    Taught in notebook 09, "4 · −∞ on a fully masked row → NaN".
+    """
     return torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
 
 
 def fixed_masked_softmax(scores: Tensor, mask: Tensor) -> Tensor:
-    """Same, then zero the rows that had no allowed key (what torch >= 2.5 and selfattn_lite do)."""
+    """Same, then zero the rows that had no allowed key (what torch >= 2.5 and selfattn_lite do).
+
+    Taught in notebook 09, "4 · −∞ on a fully masked row → NaN".
+    """
     weights = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
     return weights.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
 
@@ -191,7 +215,10 @@ def fixed_masked_softmax(scores: Tensor, mask: Tensor) -> Tensor:
          "softmax of a row of -inf is 0/0 = NaN, and one NaN turns the whole loss into NaN",
          broken=broken_masked_softmax, fixed=fixed_masked_softmax)
 def demo_fully_masked_row() -> Demo:
-    """A batch of two sequences; the second is all padding, so its query rows see no key."""
+    """A batch of two sequences; the second is all padding, so its query rows see no key.
+
+    Taught in notebook 09, "4 · −∞ on a fully masked row → NaN".
+    """
     g = _gen(4)
     q, k, v = (torch.randn(2, 4, 8, generator=g) for _ in range(3))
     real = torch.tensor([[True, True, True, False], [False, False, False, False]])   # (B, S) True = real
@@ -212,12 +239,18 @@ def demo_fully_masked_row() -> Demo:
 # ---------------------------------------------------------------------------------------------
 
 def broken_fp16_scores(q: Tensor, k: Tensor) -> Tensor:
-    """(Q K^T) / sqrt(dk) in float16: the product overflows (> 65504) before the division."""
+    """(Q K^T) / sqrt(dk) in float16: the product overflows (> 65504) before the division.
+
+    Taught in notebook 09, "5 · float16 overflow of the scores".
+    """
     return torch.softmax((q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1]), dim=-1)
 
 
 def fixed_fp16_scores(q: Tensor, k: Tensor) -> Tensor:
-    """Scores and softmax in float32 (fused kernels accumulate in float32 too), weights cast back."""
+    """Scores and softmax in float32 (fused kernels accumulate in float32 too), weights cast back.
+
+    Taught in notebook 09, "5 · float16 overflow of the scores".
+    """
     scores = q.float() @ k.float().transpose(-2, -1) / math.sqrt(q.shape[-1])
     return torch.softmax(scores, dim=-1).to(q.dtype)
 
@@ -226,7 +259,10 @@ def fixed_fp16_scores(q: Tensor, k: Tensor) -> Tensor:
          "q . k exceeds float16's largest value 65504: inf, then inf - inf = NaN in the softmax",
          broken=broken_fp16_scores, fixed=fixed_fp16_scores)
 def demo_fp16_overflow() -> Demo:
-    """Queries and keys sharing one large 'outlier' feature, as LLM activations often do."""
+    """Queries and keys sharing one large 'outlier' feature, as LLM activations often do.
+
+    Taught in notebook 09, "5 · float16 overflow of the scores".
+    """
     g = _gen(5)
     q, k = torch.randn(1, 4, 128, generator=g), torch.randn(1, 6, 128, generator=g)
     q[..., 0], k[..., 0] = 300.0, 300.0                     # 300 * 300 = 90,000 > 65,504 = float16 max
@@ -245,19 +281,28 @@ def demo_fp16_overflow() -> Demo:
 # ---------------------------------------------------------------------------------------------
 
 def broken_merge_heads_view(out: Tensor) -> Tensor:
-    """(B, h, T, dk) -> (B, T, h*dk) with .view after .transpose: raises, the memory is not contiguous."""
+    """(B, h, T, dk) -> (B, T, h*dk) with .view after .transpose: raises, the memory is not contiguous.
+
+    Taught in notebook 09, "6 · `.view` after `.transpose`".
+    """
     B, h, T, dk = out.shape
     return out.transpose(1, 2).view(B, T, h * dk)
 
 
 def broken_merge_heads_no_transpose(out: Tensor) -> Tensor:
-    """(B, h, T, dk) -> (B, T, h*dk) with .view and no transpose: runs, but mixes tokens."""
+    """(B, h, T, dk) -> (B, T, h*dk) with .view and no transpose: runs, but mixes tokens.
+
+    Taught in notebook 09, "6 · `.view` after `.transpose`".
+    """
     B, h, T, dk = out.shape
     return out.reshape(B, T, h * dk)
 
 
 def fixed_merge_heads(out: Tensor) -> Tensor:
-    """Transpose to (B, T, h, dk), then reshape (copies when it must)."""
+    """Transpose to (B, T, h, dk), then reshape (copies when it must).
+
+    Taught in notebook 09, "6 · `.view` after `.transpose`".
+    """
     B, h, T, dk = out.shape
     return out.transpose(1, 2).reshape(B, T, h * dk)
 
@@ -267,6 +312,10 @@ def fixed_merge_heads(out: Tensor) -> Tensor:
          "but puts other tokens' features into each row",
          broken=(broken_merge_heads_view, broken_merge_heads_no_transpose), fixed=fixed_merge_heads)
 def demo_view_after_transpose() -> Demo:
+    """Merging heads with .view after .transpose: an error, or (without the transpose) mixed-up rows.
+
+    Taught in notebook 09, "6 · `.view` after `.transpose`".
+    """
     B, h, T, dk = 2, 4, 5, 3
     out = torch.arange(B * h * T * dk, dtype=torch.float32).reshape(B, h, T, dk)
     try:
@@ -288,7 +337,10 @@ def demo_view_after_transpose() -> Demo:
 # ---------------------------------------------------------------------------------------------
 
 class BrokenDropoutAttention(nn.Module):
-    """Passes its dropout rate to SDPA unconditionally: SDPA has no idea about ``.eval()``."""
+    """Passes its dropout rate to SDPA unconditionally: SDPA has no idea about ``.eval()``.
+
+    Taught in notebook 09, "7 · SDPA applies dropout in eval mode unless `dropout_p` is gated".
+    """
 
     def __init__(self, dropout: float = 0.5):
         super().__init__()
@@ -299,7 +351,10 @@ class BrokenDropoutAttention(nn.Module):
 
 
 class FixedDropoutAttention(BrokenDropoutAttention):
-    """Gates the rate on ``self.training``, as nn.MultiheadAttention and our MultiHeadAttention do."""
+    """Gates the rate on ``self.training``, as nn.MultiheadAttention and our MultiHeadAttention do.
+
+    Taught in notebook 09, "7 · SDPA applies dropout in eval mode unless `dropout_p` is gated".
+    """
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         return F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0)
@@ -309,6 +364,10 @@ class FixedDropoutAttention(BrokenDropoutAttention):
          "in eval mode two identical calls give different outputs",
          broken=BrokenDropoutAttention, fixed=FixedDropoutAttention)
 def demo_dropout_in_eval() -> Demo:
+    """SDPA's dropout_p passed unconditionally: eval-mode outputs change from call to call.
+
+    Taught in notebook 09, "7 · SDPA applies dropout in eval mode unless `dropout_p` is gated".
+    """
     g = _gen(7)
     q, k, v = (torch.randn(1, 6, 8, generator=g) for _ in range(3))
     broken, fixed = BrokenDropoutAttention().eval(), FixedDropoutAttention().eval()
@@ -326,12 +385,18 @@ def demo_dropout_in_eval() -> Demo:
 # ---------------------------------------------------------------------------------------------
 
 def broken_decode_is_causal(q_new: Tensor, k_all: Tensor, v_all: Tensor) -> Tensor:
-    """L new queries against S >= L keys with is_causal=True: query i sees keys 0..i only."""
+    """L new queries against S >= L keys with is_causal=True: query i sees keys 0..i only.
+
+    Taught in notebook 09, "8 · `is_causal=True` with a KV cache".
+    """
     return F.scaled_dot_product_attention(q_new, k_all, v_all, is_causal=True)
 
 
 def fixed_decode_bottom_right(q_new: Tensor, k_all: Tensor, v_all: Tensor) -> Tensor:
-    """The new queries are the *last* L positions: align the causal mask bottom-right."""
+    """The new queries are the *last* L positions: align the causal mask bottom-right.
+
+    Taught in notebook 09, "8 · `is_causal=True` with a KV cache".
+    """
     L, S = q_new.shape[-2], k_all.shape[-2]
     return F.scaled_dot_product_attention(q_new, k_all, v_all, attn_mask=causal_mask(L, S, bottom_right=True))
 
@@ -347,7 +412,10 @@ def _is_causal_with_cache_weights(fixed: bool) -> Weights:
          broken=broken_decode_is_causal, fixed=fixed_decode_bottom_right,
          picture="8 · is_causal=True for 3 new tokens after 5 cached", weights=_is_causal_with_cache_weights)
 def demo_is_causal_with_cache() -> Demo:
-    """7 tokens cached, 3 new ones: their outputs must equal the last 3 rows of full causal attention."""
+    """7 tokens cached, 3 new ones: their outputs must equal the last 3 rows of full causal attention.
+
+    Taught in notebook 09, "8 · `is_causal=True` with a KV cache".
+    """
     g = _gen(8)
     q, k, v = (torch.randn(1, 2, 10, 8, generator=g) for _ in range(3))
     full = F.scaled_dot_product_attention(q, k, v, is_causal=True)[..., -3:, :]   # reference
@@ -367,7 +435,10 @@ def demo_is_causal_with_cache() -> Demo:
 @pitfall("rope_offset", "RoPE without the position offset when decoding", "05_positional_information",
          "the new token is rotated as if it were at position 0: its relative offsets to the cache are wrong")
 def demo_rope_offset() -> Demo:
-    """Decode token 5 after 5 cached ones: rotate it by position 5, not 0."""
+    """Decode token 5 after 5 cached ones: rotate it by position 5, not 0.
+
+    Taught in notebook 09, "9 · RoPE without the position offset when decoding".
+    """
     from .positions import RotaryEmbedding
 
     g = _gen(9)
@@ -396,7 +467,10 @@ def demo_rope_offset() -> Demo:
 @pitfall("rope_pairing", "Half-split RoPE weights in interleaved code", "05_positional_information",
          "no error, but every score changes: the rotation pairs dimensions the weights never paired")
 def demo_rope_pairing() -> Demo:
-    """A q/k projection trained with half-split RoPE (Hugging Face layout) run by interleaved code."""
+    """A q/k projection trained with half-split RoPE (Hugging Face layout) run by interleaved code.
+
+    Taught in notebook 09, "10 · Half-split RoPE weights loaded into interleaved code".
+    """
     from .positions import RotaryEmbedding, permute_qk_rows
 
     g = _gen(10)
@@ -424,12 +498,18 @@ def demo_rope_pairing() -> Demo:
 # ---------------------------------------------------------------------------------------------
 
 def broken_expand_kv(k: Tensor, n_heads: int) -> Tensor:
-    """(B, h_kv, S, d) -> (B, h, S, d) with .repeat: heads come out kv0, kv1, kv0, kv1, ..."""
+    """(B, h_kv, S, d) -> (B, h, S, d) with .repeat: heads come out kv0, kv1, kv0, kv1, ...
+
+    Taught in notebook 09, "11 · `repeat` instead of `repeat_interleave` for GQA".
+    """
     return k.repeat(1, n_heads // k.shape[1], 1, 1)
 
 
 def fixed_expand_kv(k: Tensor, n_heads: int) -> Tensor:
-    """With .repeat_interleave: kv0, kv0, kv1, kv1, ... (query heads 0..g-1 share kv head 0)."""
+    """With .repeat_interleave: kv0, kv0, kv1, kv1, ... (query heads 0..g-1 share kv head 0).
+
+    Taught in notebook 09, "11 · `repeat` instead of `repeat_interleave` for GQA".
+    """
     return k.repeat_interleave(n_heads // k.shape[1], dim=1)
 
 
@@ -437,6 +517,10 @@ def fixed_expand_kv(k: Tensor, n_heads: int) -> Tensor:
          "query heads read the wrong key/value head: same shapes, no error, wrong outputs",
          broken=broken_expand_kv, fixed=fixed_expand_kv)
 def demo_gqa_repeat() -> Demo:
+    """repeat instead of repeat_interleave: each query head reads another group's key/value head.
+
+    Taught in notebook 09, "11 · `repeat` instead of `repeat_interleave` for GQA".
+    """
     g = _gen(11)
     h, h_kv = 8, 2
     q = torch.randn(1, h, 5, 8, generator=g)
@@ -457,7 +541,10 @@ def demo_gqa_repeat() -> Demo:
 @pitfall("batch_first", "nn.MultiheadAttention's batch_first=False default", "04_multi_head_attention",
          "no error: tokens attend across the *batch*, so sequence 0 changes when sequence 1 does")
 def demo_batch_first() -> Demo:
-    """A (B, T, d) batch given to nn.MultiheadAttention(d, h): it reads (T, B, d)."""
+    """A (B, T, d) batch given to nn.MultiheadAttention(d, h): it reads (T, B, d).
+
+    Taught in notebook 09, "12 · `nn.MultiheadAttention`'s `batch_first=False` default".
+    """
     torch.manual_seed(12)
     B, T, d = 3, 5, 16
     broken_mha = nn.MultiheadAttention(d, 4).eval()                   # batch_first=False by default
@@ -485,7 +572,10 @@ def demo_batch_first() -> Demo:
 # ---------------------------------------------------------------------------------------------
 
 class BrokenMaskedAttention(nn.Module):
-    """Keeps its causal mask as a plain attribute: ``.to(device)`` does not move it."""
+    """Keeps its causal mask as a plain attribute: ``.to(device)`` does not move it.
+
+    Taught in notebook 09, "13 · A mask created on the CPU while the model is on the GPU".
+    """
 
     def __init__(self, d: int, max_len: int):
         super().__init__()
@@ -499,7 +589,10 @@ class BrokenMaskedAttention(nn.Module):
 
 
 class FixedMaskedAttention(nn.Module):
-    """Registers the mask as a buffer: it moves with ``.to()`` / ``.cuda()`` like the weights."""
+    """Registers the mask as a buffer: it moves with ``.to()`` / ``.cuda()`` like the weights.
+
+    Taught in notebook 09, "13 · A mask created on the CPU while the model is on the GPU".
+    """
 
     def __init__(self, d: int, max_len: int):
         super().__init__()
@@ -517,7 +610,10 @@ class FixedMaskedAttention(nn.Module):
          "the plain-attribute mask stays on the CPU after .to(device): a device-mismatch error",
          broken=BrokenMaskedAttention, fixed=FixedMaskedAttention)
 def demo_mask_device(device: str = "meta") -> Demo:
-    """Move both models to another device ('meta' stands in for 'cuda' on a machine without a GPU)."""
+    """Move both models to another device ('meta' stands in for 'cuda' on a machine without a GPU).
+
+    Taught in notebook 09, "13 · A mask created on the CPU while the model is on the GPU".
+    """
     torch.manual_seed(13)
     broken, fixed = BrokenMaskedAttention(8, 16).to(device), FixedMaskedAttention(8, 16).to(device)
     x = torch.randn(2, 5, 8, device=device)
@@ -552,6 +648,8 @@ def demo_weights_not_explanations() -> Demo:
     the contributions |w_j v_j| (norm-based analysis, Kobayashi et al., 2020) says so;
     ranking by weights says the opposite. And weights are not unique: two tokens with the
     same value can trade weight without any change to the output.
+
+    Taught in notebook 09, "14 · Attention weights are not explanations".
     """
     q = torch.tensor([[2.0, 0.0, 0.0, 0.0]])
     k = torch.tensor([[0.0, 1.0, 0.0, 0.0], [2.0, 0.0, 0.0, 0.0], [0.0, 0.0, 1.0, 0.0], [0.5, 0.0, 0.0, 1.0]])
@@ -584,7 +682,10 @@ HEATMAP_PITFALLS = {p.name: p.picture for p in PITFALLS.values() if p.weights is
 
 
 def pitfall_weights(name: str, fixed: bool) -> Weights:
-    """(L, S) attention weights of one pictured pitfall, broken or fixed, and the mask (True = masked) if any."""
+    """(L, S) attention weights of one pictured pitfall, broken or fixed, and the mask (True = masked) if any.
+
+    Taught in notebook 09, "Look at it".
+    """
     if name not in HEATMAP_PITFALLS:
         raise ValueError(f"name must be one of {list(HEATMAP_PITFALLS)}, got {name!r}")
     return PITFALLS[name].weights(fixed)

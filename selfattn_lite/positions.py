@@ -62,6 +62,8 @@ def sinusoidal_encoding(n_positions: int, d_model: int, base: float = 10000.0) -
 
     Returns:
         (n_positions, d_model) float32 tensor, added to the token embeddings.
+
+    Taught in notebook 05, "Sinusoidal encodings".
     """
     check_positive_int("n_positions", n_positions)
     if not is_int(d_model) or d_model < 2 or d_model % 2:
@@ -87,6 +89,8 @@ def rope_inv_freq(head_dim: int, base: float = 10000.0) -> Tensor:
 
     Returns:
         (d/2,) float32: theta_0 = 1 (a full turn every 2 pi tokens) down to about 1 / base.
+
+    Taught in notebook 05, "A whole head: d/2 pairs, d/2 frequencies".
     """
     _check_head_dim(head_dim)
     base = _check_base(base)
@@ -105,6 +109,8 @@ def scaled_inv_freq(head_dim: int, base: float = 10000.0, scaling: dict | None =
     Returns:
         inv_freq (d/2,) float32, and attention_scaling (the factor on cos and sin; not 1
         only for yarn).
+
+    Taught in notebook 12, "Four ways to slow the rotations down".
     """
     _check_head_dim(head_dim)
     base = _check_base(base)
@@ -165,6 +171,8 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, *, interleaved: bool = Fal
 
     Raises:
         ValueError: naming the shapes, if d is odd or cos and sin do not fit x.
+
+    Taught in notebook 05, "RoPE: rotate queries and keys".
     """
     _check_rotary_args(x, cos, sin, interleaved)
     dtype = x.dtype
@@ -200,6 +208,8 @@ class RotaryEmbedding(nn.Module):
     A model whose layers share one ``RotaryEmbedding`` computes cos and sin once per forward,
     ``angles = rope.angles(positions)``, and hands them to every layer, which rotates with
     ``rope(x, positions, angles=angles)`` (as transformers' Llama passes ``position_embeddings``).
+
+    Taught in notebook 05, "Plugging RoPE into multi-head attention, and decoding with a cache".
     """
 
     def __init__(self, head_dim: int, base: float = 10000.0, *, interleaved: bool = False,
@@ -309,13 +319,18 @@ def interleaved_to_half_permutation(head_dim: int) -> Tensor:
     """Index p with x_half = x_interleaved[..., p]: (0, 2, 4, .., d-2, 1, 3, .., d-1).
 
     Interleaved pair i sits at (2i, 2i+1); half-split pair i sits at (i, i + d/2).
+
+    Taught in notebook 05, "Two pairing conventions, one model".
     """
     _check_head_dim(head_dim)
     return torch.cat((torch.arange(0, head_dim, 2), torch.arange(1, head_dim, 2)))
 
 
 def half_to_interleaved_permutation(head_dim: int) -> Tensor:
-    """Index p with x_interleaved = x_half[..., p]: the inverse of ``interleaved_to_half_permutation``."""
+    """Index p with x_interleaved = x_half[..., p]: the inverse of ``interleaved_to_half_permutation``.
+
+    Taught in notebook 05, "Two pairing conventions, one model".
+    """
     return torch.argsort(interleaved_to_half_permutation(head_dim))
 
 
@@ -333,6 +348,8 @@ def permute_qk_rows(weight: Tensor, n_heads: int, *, to: str = "half") -> Tensor
 
     Returns:
         The weight with its rows permuted, same shape.
+
+    Taught in notebook 05, "Two pairing conventions, one model".
     """
     if to not in ("half", "interleaved"):
         raise ValueError(f"to must be 'half' or 'interleaved', got {to!r}")
@@ -363,6 +380,8 @@ def alibi_slopes(n_heads: int) -> Tensor:
     Returns:
         (n_heads,) float32. Decreasing for a power of two; otherwise two decreasing runs,
         e.g. 6 heads: 1/4, 1/16, 1/64, 1/256 (the slopes of 4), then 1/2, 1/8 (from those of 8).
+
+    Taught in notebook 05, "ALiBi: a distance penalty instead of a rotation".
     """
     check_positive_int("n_heads", n_heads)
 
@@ -387,6 +406,8 @@ def alibi_bias(n_heads: int, L: int, S: int | None = None, *, device=None) -> Te
 
     Returns:
         (n_heads, L, S) float32, added to the (B, n_heads, L, S) scores before softmax.
+
+    Taught in notebook 05, "ALiBi: a distance penalty instead of a rotation".
     """
     check_positive_int("L", L)
     S = L if S is None else check_positive_int("S", S)

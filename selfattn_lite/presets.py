@@ -26,6 +26,8 @@ def kv_cache_bytes(n_layers: int, n_kv_heads: int, head_dim: int, n_tokens: int 
 
     Example: Llama-2-7B (32 layers, 32 KV heads of 128 dims), fp16:
     ``kv_cache_bytes(32, 32, 128)`` = 524,288 bytes = 512 KiB per token.
+
+    Taught in notebook 06, "How big is the cache?".
     """
     for name, n in (("n_layers", n_layers), ("n_kv_heads", n_kv_heads), ("head_dim", head_dim),
                     ("batch", batch)):
@@ -54,6 +56,8 @@ class ModelPreset:
     * Cross-layer sharing: only ``kv_layers`` of the ``n_layers`` layers compute and store
       keys and values; the others read those of an earlier layer. Of those, the
       ``sliding_kv_layers`` that use a sliding window keep at most ``sliding_window`` tokens.
+
+    Taught in notebook 06, "How big is the cache?".
     """
 
     name: str
@@ -154,7 +158,10 @@ PRESETS: dict[str, ModelPreset] = {p.name: p for p in [
 
 
 def get_preset(name: str) -> ModelPreset:
-    """Look up a preset by name (case-insensitive), e.g. ``get_preset("llama-2-7b")``."""
+    """Look up a preset by name (case-insensitive), e.g. ``get_preset("llama-2-7b")``.
+
+    Taught in notebook 06, "How big is the cache?".
+    """
     for key, preset in PRESETS.items():
         if key.lower() == name.lower():
             return preset
@@ -162,7 +169,10 @@ def get_preset(name: str) -> ModelPreset:
 
 
 def format_bytes(n: float) -> str:
-    """Binary units, as memory is sold: 524288 -> '512.0 KiB', 2**31 -> '2.00 GiB'."""
+    """Binary units, as memory is sold: 524288 -> '512.0 KiB', 2**31 -> '2.00 GiB'.
+
+    Taught in notebook 06, "How big is the cache?".
+    """
     if n < 1024:
         return f"{n:.0f} B"
     for unit, power in (("KiB", 1), ("MiB", 2), ("GiB", 3), ("TiB", 4)):

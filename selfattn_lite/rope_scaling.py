@@ -40,6 +40,8 @@ def linear_inv_freq(inv_freq: Tensor, factor: float) -> Tensor:
 
     Rotating by (m / s) * theta_i is rotating by m * (theta_i / s), so every frequency is
     divided by the factor s: a sequence s times longer covers the trained angles.
+
+    Taught in notebook 12, "Four ways to slow the rotations down".
     """
     return inv_freq / factor
 
@@ -50,6 +52,8 @@ def ntk_base(base: float, factor: float, head_dim: int) -> float:
     Chosen so the lowest frequency is divided by exactly s (like interpolation) while
     the highest one, theta_0 = 1, is left alone (like extrapolation); the ones between
     are divided by s^(2i / (d - 2)).
+
+    Taught in notebook 12, "Four ways to slow the rotations down".
     """
     return base * factor ** (head_dim / (head_dim - 2))
 
@@ -67,6 +71,8 @@ def yarn_keep(head_dim: int, base: float, original_max_len: int,
 
     Returns:
         (d/2,) float32 in [0, 1].
+
+    Taught in notebook 12, "Four ways to slow the rotations down".
     """
     def pair_with_turns(turns: float) -> float:  # the i where r_i = turns
         return head_dim * math.log(original_max_len / (turns * 2 * math.pi)) / (2 * math.log(base))
@@ -81,7 +87,10 @@ def yarn_keep(head_dim: int, base: float, original_max_len: int,
 
 
 def yarn_inv_freq(inv_freq: Tensor, factor: float, keep: Tensor) -> Tensor:
-    """YaRN's "NTK-by-parts" frequencies: h(theta_i) = (1 - gamma_i) theta_i / s + gamma_i theta_i."""
+    """YaRN's "NTK-by-parts" frequencies: h(theta_i) = (1 - gamma_i) theta_i / s + gamma_i theta_i.
+
+    Taught in notebook 12, "Four ways to slow the rotations down".
+    """
     return (1 - keep) * inv_freq / factor + keep * inv_freq
 
 
@@ -90,6 +99,8 @@ def yarn_attention_scaling(factor: float) -> float:
 
     Since q and k are both rotated, the scores q.k are multiplied by 1/t: slightly
     sharper attention, which makes up for the flatter scores of a longer context.
+
+    Taught in notebook 12, "Four ways to slow the rotations down".
     """
     return 1.0 if factor <= 1 else 0.1 * math.log(factor) + 1.0
 
@@ -103,6 +114,8 @@ def llama3_inv_freq(inv_freq: Tensor, factor: float, original_max_len: int,
     between blends linearly in r with smooth = (r_i - low) / (high - low):
     (1 - smooth) theta_i / s + smooth theta_i. (This is the YaRN paper's ramp with
     alpha = low_freq_factor, beta = high_freq_factor, and no temperature.)
+
+    Taught in notebook 12, "Four ways to slow the rotations down".
     """
     wavelength = 2 * math.pi / inv_freq                                   # lambda_i, tokens per turn
     turns = original_max_len / wavelength                                 # r_i
@@ -133,6 +146,8 @@ def validate_scaling(scaling: dict, head_dim: int | None = None) -> dict:
 
     Raises:
         ValueError: naming the kind, key or value at fault.
+
+    Taught in notebook 12, "Four ways to slow the rotations down".
     """
     if not isinstance(scaling, dict):
         raise ValueError(f"scaling must be a dict like {{'kind': 'linear', 'factor': 2.0}}, got {scaling!r}")

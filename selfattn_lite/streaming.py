@@ -31,12 +31,17 @@ def masked_logits(model, ids: Tensor, attn_mask: Tensor | None = None) -> Tensor
 
     Returns:
         (B, T, vocab) logits.
+
+    Taught in notebook 13, "What it does to the tiny decoder".
     """
     return model(ids, attn_mask=attn_mask)
 
 
 def sink_caches(model, batch: int, *, window: int, n_sink: int = 0) -> list[SinkKVCache]:
-    """One ``SinkKVCache`` per layer of ``model`` (n_sink = 0: a rolling window)."""
+    """One ``SinkKVCache`` per layer of ``model`` (n_sink = 0: a rolling window).
+
+    Taught in notebook 13, "What it does to the tiny decoder".
+    """
     c, p = model.config, model.embed.weight
     return [SinkKVCache(batch, c.n_kv_heads, c.head_dim, window=window, n_sink=n_sink, dtype=p.dtype,
                         device=p.device) for _ in range(c.n_layers)]
@@ -52,6 +57,8 @@ def decode_logits(model, ids: Tensor, caches: list) -> Tensor:
 
     Returns:
         (B, T, vocab) logits.
+
+    Taught in notebook 13, "What it does to the tiny decoder".
     """
     ids = model._check_ids(ids)
     first = min(ids.shape[1], getattr(caches[0], "capacity", ids.shape[1]))
@@ -70,6 +77,8 @@ def window_loss(model, ids: Tensor, *, window: int | None, n_sink: int = 0, star
         window: keys kept besides the sinks (None = full causal context).
         n_sink: first tokens every query keeps.
         start: first position whose prediction is scored (e.g. where the window starts to bite).
+
+    Taught in notebook 13, "What it does to the tiny decoder".
     """
     ids = model._check_ids(ids)
     T = ids.shape[1] - 1
@@ -88,6 +97,8 @@ def first_key_attention(weights: Tensor, start: int = 1) -> Tensor:
 
     Returns:
         (n_layers, h) mean weight on the first key.
+
+    Taught in notebook 13, "What it does to the tiny decoder".
     """
     if weights.dim() == 4:
         weights = weights[:, None]

@@ -371,7 +371,7 @@ def test_benchmark_command_lines_write_their_json_and_plot(tmp_path, module, cap
     import importlib
     import json
 
-    main = importlib.import_module(f"selfattn_lite.{module}").main
+    main = importlib.import_module(f"selfattn_lite.course.{module}").main
     out = tmp_path / f"{module}.json"
     main(["--out", str(out), "--ns", "32", "48", "--no-targets", "--device", "cpu"])
     result = json.loads(out.read_text())
@@ -384,7 +384,7 @@ def test_benchmark_command_lines_write_their_json_and_plot(tmp_path, module, cap
 def test_target_checks_measure_both_ratios_against_their_own_targets(module):
     import importlib
 
-    mod = importlib.import_module(f"selfattn_lite.{module}")
+    mod = importlib.import_module(f"selfattn_lite.course.{module}")
     t = mod.check_targets(n=96, B=1, H=2, D=16, rounds=2, block_size=32, budget_s=0.02)
     assert (t["n"], t["H"], t["D"], t["block_size"]) == (96, 2, 16, 32) and len(t["time_ratio_rounds"]) == 2
     assert t["memory_ratio_tiled_vs_explicit"] == t["peak_mib"]["tiled (flash_attention)"] / t["peak_mib"][
