@@ -40,7 +40,8 @@ def decode_speed(model: TinyDecoder, prompt_len: int = 256, new_tokens: int = 25
 
 
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m selfattn_lite.course.bench_decode",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--prompt", type=int, default=256, help="prompt length in tokens (default 256)")
     parser.add_argument("--new", type=int, default=256, help="tokens to generate (default 256)")
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")

@@ -261,7 +261,7 @@ def save(out: str | Path, result: dict, *, title: str) -> None:
 
 def command_line(module: str, description: str, run, argv=None, *, what: str = "") -> dict:
     """The command line shared by the benchmark modules: parse, measure with ``run``, print the records."""
-    parser = argparse.ArgumentParser(description=description)
+    parser = argparse.ArgumentParser(prog=f"python -m {module}", description=description)
     parser.add_argument("--out", required=True, help="JSON path; the plot goes next to it (.png)")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: the best present)")
     parser.add_argument("--ns", type=int, nargs="*", default=None, help="sequence lengths (default by device)")

@@ -171,7 +171,8 @@ def run(n_windows: int | None = None, entropy_lengths=(128, 256, 512, 1024, 2048
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m selfattn_lite.course.context_eval",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=RESULTS_FILE)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)

@@ -165,7 +165,8 @@ def train(steps: int = 800, batch: int = 8, lr: float = 3e-3, warmup: int = 40, 
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m selfattn_lite.course.train_tiny",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=800)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--lr", type=float, default=3e-3)
