@@ -60,7 +60,6 @@ CUDA_BLOCK_SIZE = (1024, 1024)
 LOG2_E = math.log2(math.e)   # e^x = 2^(x log2 e): the kernel folds log2(e) into the scale and uses exp2
 
 
-
 class TileKind(enum.IntEnum):
     """What a tiled kernel does with one (query tile, key tile) pair.
 
@@ -84,16 +83,6 @@ def default_block_size(device: torch.device | str = "cpu") -> tuple[int, int]:
     Taught in notebook 08, "FlashAttention's idea: tiles".
     """
     return CUDA_BLOCK_SIZE if torch.device(device).type == "cuda" else DEFAULT_BLOCK_SIZE
-
-
-def _block_sizes(block_size) -> tuple[int, int]:
-    """block_size: an int (square tiles) or a pair (block_q, block_k)."""
-    if isinstance(block_size, (tuple, list)):
-        if len(block_size) != 2:
-            raise ValueError(f"block_size must be an int or a pair (block_q, block_k), got {block_size!r}")
-        return check_positive_int("block_q", block_size[0]), check_positive_int("block_k", block_size[1])
-    size = check_positive_int("block_size", block_size)
-    return size, size
 
 
 def _band(L: int, S: int, is_causal: bool, window: int | None) -> tuple[int, int]:
@@ -613,3 +602,17 @@ def linear_attention_step(state: tuple[Tensor, Tensor] | None, q: Tensor, k: Ten
     z = z + phi_k                                                 # (..., m)
     out = (phi_q.unsqueeze(-2) @ kv).squeeze(-2) / ((phi_q * z).sum(-1, keepdim=True) + eps)
     return out, (kv, z)
+
+
+# ---------------------------------------------------------------------------------------------
+# Argument checks
+# ---------------------------------------------------------------------------------------------
+
+def _block_sizes(block_size) -> tuple[int, int]:
+    """block_size: an int (square tiles) or a pair (block_q, block_k)."""
+    if isinstance(block_size, (tuple, list)):
+        if len(block_size) != 2:
+            raise ValueError(f"block_size must be an int or a pair (block_q, block_k), got {block_size!r}")
+        return check_positive_int("block_q", block_size[0]), check_positive_int("block_k", block_size[1])
+    size = check_positive_int("block_size", block_size)
+    return size, size
