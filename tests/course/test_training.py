@@ -62,7 +62,7 @@ def test_train_tiny_options_write_a_named_variant(tmp_path):
                      "--name", "variant", "--out", str(tmp_path), "--save-dtype", "bfloat16", "--eval-every", "1",
                      "--warmup", "1"])
     info = json.loads((tmp_path / "variant.json").read_text())
-    assert info["model"]["n_kv_heads"] == 2 and info["model"]["max_len"] == 32 and info["model"]["causal"] is False
+    assert info["model"]["n_kv_heads"] == 2 and info["model"]["max_len"] == 32 and info["model"]["is_causal"] is False
     assert info["training"]["tokens"] == 2 * 2 * 32 and len(info["training"]["history"]) == 2
     model = load_tiny_decoder(tmp_path / "variant.safetensors", tmp_path / "variant.json")
     assert not model.blocks[0].attn.is_causal and model.config.n_kv_heads == 2
