@@ -271,3 +271,14 @@ def test_an_alibi_decoder_takes_a_mask_next_to_its_bias():
         windowed = model(ids, attn_mask=sink_window_mask(40, 0, 8))
         torch.testing.assert_close(windowed[:, :8], model(ids)[:, :8])                  # inside the window
         assert not torch.allclose(windowed[:, 8:], model(ids)[:, 8:])                 # beyond it
+
+
+def test_block_mask_is_built_where_its_inputs_live(monkeypatch):
+    import torch.nn.attention.flex_attention as fa
+
+    seen = []
+    monkeypatch.setattr(fa, "create_block_mask", lambda *args, device, **kw: seen.append(torch.device(device)))
+    flex.block_mask(flex.causal_mod, 8)                                         # nothing to follow: the CPU
+    flex.block_mask(flex.causal_mod, 8, device="meta")                          # an explicit device wins
+    flex.block_mask(flex.document_mod(torch.zeros(8, dtype=torch.long, device="meta")), 8)   # its doc_ids' device
+    assert seen == [torch.device("cpu"), torch.device("meta"), torch.device("meta")]
