@@ -197,6 +197,8 @@ def test_new_presets_match_transformers_configs_and_parameter_counts():
         assert (preset.n_layers, preset.d_model, preset.vocab_size) == \
             (config.num_hidden_layers, config.hidden_size, config.vocab_size)
         assert (preset.kv_lora_rank, preset.qk_rope_head_dim) == (config.kv_lora_rank, config.qk_rope_head_dim)
+        assert (preset.head_dim, preset.v_head_dim) == (config.qk_nope_head_dim + config.qk_rope_head_dim,
+                                                        config.v_head_dim)
         n = count(cls, config)
         assert n == preset.n_params and abs(n / published - 1) < 0.005
     g = transformers.Gemma3nTextConfig()                                  # documented as the E4B configuration
