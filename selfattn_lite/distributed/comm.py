@@ -1,6 +1,8 @@
 """Communication plumbing shared by ring attention and Ulysses: counted point-to-point exchanges,
 the group's rank and size, and the shape agreement every call checks first.
 
+Taught in notebook 14, "Counted, not guessed: what each rank sends".
+
 Every byte a rank sends goes through ``exchange``, which counts it in ``counters`` (per process),
 so that notebook 14 can check the bytes against the formulas of ``cost``.
 """
