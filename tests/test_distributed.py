@@ -428,3 +428,21 @@ def test_the_same_code_runs_under_torchrun():
                          env=env, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]
     assert "equal to single-process SDPA" in run.stdout
+
+
+def test_the_subpackage_keeps_every_name_and_imports_no_machinery():
+    import subprocess
+
+    from selfattn_lite.distributed import launch, ring_attention, shard, ulysses_attention, unshard  # noqa: F401
+
+    before = ["LAYOUTS", "split_sizes", "shard_segments", "shard_indices", "shard_lengths", "shard", "unshard",
+              "Counters", "counters", "reset_counters", "block_attention", "merge_partials", "ring_attention",
+              "ulysses_attention", "ring_bytes_per_rank", "ulysses_bytes_per_rank", "causal_work", "ring_schedule",
+              "max_sequence_length", "launch", "attention_worker", "device", "METHODS"]
+    assert all(hasattr(D, name) for name in before) and set(D.__all__) >= set(before)
+    # timing (bench) and the command line belong to the machinery: importing the reference loads neither
+    code = ("import sys, selfattn_lite.distributed; "
+            "print(sorted(m for m in sys.modules if m.startswith(('selfattn_lite.bench', 'selfattn_lite.course'))))")
+    run = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(ROOT)},
+                         capture_output=True, text=True, timeout=120)
+    assert run.stdout.strip() == "[]", run.stdout + run.stderr

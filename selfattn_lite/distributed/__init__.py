@@ -33,7 +33,7 @@ from .cost import (
 )
 from .launch import METHODS, attention_worker, choose_backend, device, free_port, launch, under_torchrun
 from .ring import RingTile, block_attention, merge_partials, ring_attention, ring_tiles
-from .sharding import LAYOUTS, shard, shard_indices, shard_lengths, shard_segments, split_sizes, unshard
+from .sharding import LAYOUTS, check_layout, shard, shard_indices, shard_lengths, shard_segments, split_sizes, unshard
 from .ulysses import kv_replication, ulysses_attention
 
 __all__ = [
@@ -44,6 +44,7 @@ __all__ = [
     "shard_lengths",
     "shard",
     "unshard",
+    "check_layout",
     "Counters",
     "counters",
     "reset_counters",

@@ -111,7 +111,6 @@ def launch(fn: Callable, world_size: int, *args, timeout: float = 120.0) -> list
     return [results[r] for r in range(world_size)]
 
 
-
 # ---------------------------------------------------------------------------------------------
 # Workers: functions that run inside the launched processes (importable, so spawn can find them)
 # ---------------------------------------------------------------------------------------------
@@ -169,7 +168,6 @@ def attention_worker(cases: list[dict]) -> list:
             result.update(dq=q.grad.cpu(), dk=k.grad.cpu(), dv=v.grad.cpu())
         results.append(result)
     return results
-
 
 
 # ---------------------------------------------------------------------------------------------

@@ -76,7 +76,6 @@ def merge_partials(out1: Tensor, lse1: Tensor, out2: Tensor, lse2: Tensor) -> tu
     return out1 * w1 + out2 * w2, lse
 
 
-
 def ring_attention(q: Tensor, k: Tensor, v: Tensor, *, is_causal: bool = False, layout: str = "contiguous",
                    group=None) -> Tensor:
     """Exact attention of this rank's queries to the whole sequence, K/V blocks passed around a ring.
@@ -111,7 +110,6 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, *, is_causal: bool = False, 
                    f"q {tuple(q.shape)} {q.dtype}, k {tuple(k.shape)} {k.dtype}, v {tuple(v.shape)} {v.dtype}")
     lengths = exchange_shapes(q, k, v, layout, is_causal, group, "ring_attention", problem)
     return _RingAttention.apply(q, k, v, bool(is_causal), layout, group, lengths)
-
 
 
 class RingTile(NamedTuple):

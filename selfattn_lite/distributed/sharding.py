@@ -107,7 +107,6 @@ def unshard(shards: list[Tensor], *, layout: str = "contiguous", dim: int = -2) 
     return glued.index_select(d, torch.argsort(order).to(glued.device))   # back to position order
 
 
-
 # ---------------------------------------------------------------------------------------------
 # Checks
 # ---------------------------------------------------------------------------------------------
