@@ -48,6 +48,12 @@ PLANTED = {
         ("answer_1", "l1 * torch.exp(m1 - m) + l2 * torch.exp(m2 - m)", "l1 + l2",
          "l = l1 + l2 adds sums taken against different maxima"),
     ],
+    "13_serving_the_cache": [
+        ("answer_2", '"bhln,hnc->bhlc"', '"bhln,hnc->blc"', "the heads are gone"),
+    ],
+    "14_attention_across_devices": [
+        ("answer_2", "% world_size > rank]", "% world_size >= rank]", "skipped the diagonal step"),
+    ],
 }
 STUDENTS = ("solutions", "blank", "planted")
 

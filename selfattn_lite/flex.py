@@ -104,15 +104,17 @@ def alibi_score_mod(n_heads: int):
 
 
 def block_mask(mask_mod, L: int, S: int | None = None, *, B: int | None = None, H: int | None = None,
-               block_size: int = 128):
-    """``create_block_mask`` on the CPU: which (query block, key block) tiles hold any allowed pair.
+               block_size: int = 128, device: torch.device | str | None = None):
+    """``create_block_mask``: which (query block, key block) tiles hold any allowed pair.
 
     Args:
         mask_mod: as above. L, S: queries and keys. B, H: None = the same mask for every
             batch row / head (broadcast). block_size: tile side (128 is torch's default).
+        device: where the BlockMask lives (that of the q, k, v it will be used with). None: the
+            device of the tensors ``mask_mod`` closes over (``document_mod``'s doc_ids, say), else the CPU.
 
     Returns:
-        A ``torch.nn.attention.flex_attention.BlockMask`` built with device="cpu".
+        A ``torch.nn.attention.flex_attention.BlockMask`` on ``device``.
 
     Taught in notebook 13, "5. The same masks as FlexAttention".
     """
@@ -121,7 +123,20 @@ def block_mask(mask_mod, L: int, S: int | None = None, *, B: int | None = None, 
     L = check_positive_int("L", L)
     S = L if S is None else check_positive_int("S", S)
     block_size = check_positive_int("block_size", block_size)
-    return create_block_mask(mask_mod, B, H, L, S, device="cpu", BLOCK_SIZE=block_size)
+    device = _closure_device(mask_mod) if device is None else torch.device(device)
+    return create_block_mask(mask_mod, B, H, L, S, device=device, BLOCK_SIZE=block_size)
+
+
+def _closure_device(fn) -> torch.device:
+    """The device of the first tensor a function closes over; the CPU when it closes over none."""
+    for cell in getattr(fn, "__closure__", None) or ():
+        try:
+            value = cell.cell_contents
+        except ValueError:        # an empty cell
+            continue
+        if isinstance(value, Tensor):
+            return value.device
+    return torch.device("cpu")
 
 
 def flex_attention(q: Tensor, k: Tensor, v: Tensor, *, score_mod=None, block_mask=None, scale: float | None = None):

@@ -1,5 +1,7 @@
 """Multi-head latent attention (MLA, DeepSeek-V2): cache one small latent per token, not K and V per head.
 
+Taught in notebook 13, section 1 (the layer, naive and absorbed) and section 2 (the cache in real models).
+
 Per token t with hidden state h_t (width d), following DeepSeek-AI (2024), section 2.1 (plus the RMSNorm on
 the latent, ``kv_a_layernorm``, that the released models apply and the paper's equations leave out):
 
@@ -34,7 +36,7 @@ from .kv_cache import TokenCache
 from .masks import causal_mask
 from .positions import RotaryEmbedding
 
-__all__ = ["MLACache", "MultiHeadLatentAttention", "mla_cache_bytes"]
+__all__ = ["MLACache", "MultiHeadLatentAttention", "mla_cache_bytes", "mla_decode_bytes"]
 
 
 def mla_cache_bytes(n_layers: int, kv_lora_rank: int, qk_rope_head_dim: int, n_tokens: int = 1, batch: int = 1,
@@ -51,6 +53,33 @@ def mla_cache_bytes(n_layers: int, kv_lora_rank: int, qk_rope_head_dim: int, n_t
     if not bytes_per_value > 0:
         raise ValueError(f"bytes_per_value must be > 0, got {bytes_per_value!r}")
     return int(round((kv_lora_rank + qk_rope_head_dim) * n_layers * n_tokens * batch * bytes_per_value))
+
+
+def mla_decode_bytes(n_tokens: int, *, n_heads: int, kv_lora_rank: int, qk_nope_head_dim: int,
+                     qk_rope_head_dim: int, v_head_dim: int, absorbed: bool, bytes_per_value: float = 2) -> dict:
+    """Bytes one decode step of one MLA layer reads over a cache of ``n_tokens``, for one sequence.
+
+    Both forms read the cache itself: n_tokens x (kv_lora_rank + qk_rope_head_dim) values. What
+    attention then reads as keys and values differs:
+
+    * naive: every cached latent is expanded into h keys (qk_nope + qk_rope wide) and values
+      (v_head_dim): n_tokens x h x (qk_nope + qk_rope + v) values, written and then read;
+    * absorbed: attention reads the latents themselves, the key [c ; k^R] and the value c:
+      nothing beyond the cache.
+
+    Returns:
+        {"cache": bytes read from the cache, "keys_values": bytes of keys and values attention reads,
+        "total": cache + keys_values (naive) or cache (absorbed)}.
+    """
+    n_tokens = check_int("n_tokens", n_tokens, low=0)
+    for name, n in (("n_heads", n_heads), ("kv_lora_rank", kv_lora_rank), ("qk_nope_head_dim", qk_nope_head_dim),
+                    ("qk_rope_head_dim", qk_rope_head_dim), ("v_head_dim", v_head_dim)):
+        check_positive_int(name, n)
+    cache = n_tokens * (kv_lora_rank + qk_rope_head_dim) * bytes_per_value
+    if absorbed:
+        return {"cache": int(cache), "keys_values": int(cache), "total": int(cache)}
+    expanded = n_tokens * n_heads * (qk_nope_head_dim + qk_rope_head_dim + v_head_dim) * bytes_per_value
+    return {"cache": int(cache), "keys_values": int(expanded), "total": int(cache + expanded)}
 
 
 class MLACache(TokenCache):
@@ -145,6 +174,8 @@ class MultiHeadLatentAttention(nn.Module):
         self.kv_b_proj = nn.Linear(kv_lora_rank, n_heads * (qk_nope_head_dim + v_head_dim), bias=False)
         self.o_proj = nn.Linear(n_heads * v_head_dim, d_model, bias=False)
         self.rope = RotaryEmbedding(qk_rope_head_dim, base=rope_base, interleaved=True)
+        self._fold: tuple | None = None       # (key of the weights, W^O W^UV): see absorbed_weights
+        self.folds = 0                        # how many times W^O W^UV was folded (and cached)
 
     def extra_repr(self) -> str:
         return (f"d_model={self.d_model}, n_heads={self.n_heads}, kv_lora_rank={self.kv_lora_rank}, "
@@ -224,13 +255,48 @@ class MultiHeadLatentAttention(nn.Module):
 
     def _absorbed(self, q_nope, q_rope, c_kv, k_rope, mask) -> Tensor:
         """Fold W^UK into the query and W^UV into the output: attention over the latents (MQA-like)."""
-        w_uk, w_uv = self.up_projections()                                # (h, nope, d_c), (h, v, d_c)
+        w_uk, w_o_uv = self.absorbed_weights()                            # (h, nope, d_c), (d, h, d_c)
         q_latent = torch.einsum("bhln,hnc->bhlc", q_nope, w_uk)           # (B, h, L, d_c): W^UK^T q^C
         q = torch.cat([q_latent, q_rope], dim=-1)                         # (B, h, L, d_c + rope)
         k = torch.cat([c_kv, k_rope], dim=-1)[:, None]                    # (B, 1, S, d_c + rope): shared by heads
         v = c_kv[:, None]                                                 # (B, 1, S, d_c)
-        o_latent = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale,
-                                                  enable_gqa=True)        # (B, h, L, d_c): one K/V head
-        w_o = self.o_proj.weight.view(self.d_model, self.n_heads, self.v_head_dim)           # (d, h, v)
-        w_o_uv = torch.einsum("dhv,hvc->dhc", w_o, w_uv)                  # (d, h, d_c): W^O_i W^UV_i
+        # one K/V head for all h query heads: stack the heads as query rows of a single head
+        B, h, L, width = q.shape
+        rows_mask = None if mask is None else mask.repeat(h, 1)           # (h L, S): row (i, t) is query t
+        o_latent = F.scaled_dot_product_attention(q.reshape(B, 1, h * L, width), k, v, attn_mask=rows_mask,
+                                                  scale=self.scale)       # (B, 1, h L, d_c)
+        o_latent = o_latent.view(B, h, L, self.kv_lora_rank)              # (B, h, L, d_c)
         return torch.einsum("bhlc,dhc->bld", o_latent, w_o_uv)            # (B, L, d)
+
+    # ------------------------------------------------------------------ the fold, done once
+    def absorbed_weights(self) -> tuple[Tensor, Tensor]:
+        """The weights the absorbed form uses: W^UK for the query and the fold W^O_i W^UV_i, cached.
+
+        Returns:
+            W^UK (h, qk_nope_head_dim, kv_lora_rank) (a view of ``kv_b_proj``; the query applies it,
+            q^C -> W^UK^T q^C) and W^O W^UV (d_model, h, kv_lora_rank), the matrix product folded once.
+
+        The fold is kept and reused until the weights change: it is keyed on the version counters of
+        ``kv_b_proj.weight`` and ``o_proj.weight`` (bumped by every in-place change: an optimizer step,
+        ``load_state_dict``, ``with torch.no_grad(): w.add_(...)``) and on their storage, dtype and
+        device (``.to()``, ``.double()``). A change through ``.data`` bumps no counter: call ``refold()``.
+        While autograd records (training), the fold is recomputed at every call so gradients flow.
+        (W^UK could be folded further into the query projection, but with DeepSeek's shapes,
+        kv_lora_rank 512 > qk_nope_head_dim 128, that product is larger than the two it replaces.)
+        """
+        w_kv, w_o = self.kv_b_proj.weight, self.o_proj.weight
+        w_uk, w_uv = self.up_projections()                                # (h, nope, d_c), (h, v, d_c)
+        recording = torch.is_grad_enabled() and (w_kv.requires_grad or w_o.requires_grad)
+        key = tuple((w._version, w.data_ptr(), w.dtype, w.device) for w in (w_kv, w_o))
+        if not recording and self._fold is not None and self._fold[0] == key:
+            return w_uk, self._fold[1]
+        w_o_heads = w_o.view(self.d_model, self.n_heads, self.v_head_dim)            # (d, h, v)
+        w_o_uv = torch.einsum("dhv,hvc->dhc", w_o_heads, w_uv)            # (d, h, d_c): W^O_i W^UV_i
+        if not recording:
+            self._fold = (key, w_o_uv)
+            self.folds += 1
+        return w_uk, w_o_uv
+
+    def refold(self) -> None:
+        """Forget the cached fold: the next absorbed call folds W^O W^UV again."""
+        self._fold = None

@@ -76,6 +76,7 @@ class ModelPreset:
     kv_layers: int | None = None     # layers that hold their own cache (default: all)
     sliding_kv_layers: int = 0       # of those, layers whose cache keeps only the last sliding_window tokens
     sliding_window: int | None = None
+    v_head_dim: int | None = None    # value head width when it differs from head_dim (MLA: 128 vs 192)
 
     @property
     def cache_layers(self) -> int:
@@ -144,9 +145,9 @@ PRESETS: dict[str, ModelPreset] = {p.name: p for p in [
     # (transformers' DeepseekV2/V3ForCausalLM on the meta device; V3 without its multi-token-prediction
     # module), the papers' "236B" and "671B" total parameters.
     ModelPreset("DeepSeek-V2", 60, 5120, 128, 128, 192, 12288, 102400, 163840, 235_741_434_880, "MLA",
-                kv_lora_rank=512, qk_rope_head_dim=64),
+                kv_lora_rank=512, qk_rope_head_dim=64, v_head_dim=128),
     ModelPreset("DeepSeek-V3", 61, 7168, 128, 128, 192, 18432, 129280, 163840, 671_026_404_352, "MLA",
-                kv_lora_rank=512, qk_rope_head_dim=64),
+                kv_lora_rank=512, qk_rope_head_dim=64, v_head_dim=128),
     # Cross-layer KV sharing: the text decoder of Gemma 3n E4B (transformers' Gemma3nTextConfig, whose
     # defaults are the E4B configuration): 35 layers, every 5th global and the others a 512-token sliding
     # window, 2 K/V heads of 256. The last num_kv_shared_layers = 15 layers reuse the cache of the last

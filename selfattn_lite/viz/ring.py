@@ -13,7 +13,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.patches import FancyArrowPatch, Patch
 
-from ..distributed import _tiles, ring_schedule, shard_segments
+from ..distributed import ring_schedule, ring_tiles, shard_segments
 from .core import HeatmapWidget
 
 __all__ = ["RANK_COLORS", "ring_work", "draw_ring_step", "RingWidget"]
@@ -30,7 +30,7 @@ def ring_work(L: int, world_size: int, step: int, *, layout: str = "contiguous",
     rows_of = [np.concatenate([np.arange(a, b) for a, b in seg]) for seg in segs]
     for s in range(min(step, world_size - 1) + 1):
         for r, src in enumerate(ring_schedule(world_size)[s]):
-            for rows, cols, mask in _tiles(segs[r], segs[src], is_causal):
+            for rows, cols, _, mask in ring_tiles(segs[r], segs[src], is_causal=is_causal):
                 qi, kj = rows_of[r][rows], rows_of[src][cols]
                 allowed = np.ones((len(qi), len(kj)), bool) if mask is None else mask.numpy()
                 block = grid[np.ix_(qi, kj)]

@@ -21,7 +21,7 @@ COMMANDS = {
     "course.site": ("build", "selfattn_lite.course.site", ("_site",)),
     "course.explorer_data": ("write", "selfattn_lite.course.explorer_data", (".",)),
     "course.figures": ("make_all", "selfattn_lite.course.figures", ("figures",)),
-    "distributed": ("_self_check", "selfattn_lite.distributed", (2,)),
+    "course.distributed_cli": ("self_check", "selfattn_lite.course.distributed_cli", (2,)),
 }
 
 
@@ -66,10 +66,10 @@ def test_the_makefile_passes_what_the_defaults_are():
 
 
 def test_a_torchrun_world_size_wins(monkeypatch):
-    calls = run("distributed", ["5"], monkeypatch)
+    calls = run("course.distributed_cli", ["5"], monkeypatch)
     monkeypatch.setenv("WORLD_SIZE", "4")
-    monkeypatch.setattr(sys, "argv", ["distributed"])
-    from selfattn_lite import distributed
+    monkeypatch.setattr(sys, "argv", ["distributed_cli"])
+    from selfattn_lite.course import distributed_cli
 
-    distributed.main()
+    distributed_cli.main()
     assert calls == [(5,), (4,)]

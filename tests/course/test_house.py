@@ -18,8 +18,6 @@ PACKAGE = "selfattn_lite"
 # (the serving helper makes ring attention's tile list public; the GPU report's rewrite uses
 # bench.first_output). An entry that no longer occurs fails the test below, so the list can only shrink.
 PENDING = {
-    ("selfattn_lite.viz.ring", "selfattn_lite.distributed", "_tiles"),
-    ("selfattn_lite.course.figures.distributed", "selfattn_lite.distributed", "_tiles"),
     ("selfattn_lite.course.gpu_sections", "selfattn_lite.course.bench", "_first"),
 }
 

@@ -59,3 +59,27 @@ def test_document_positions(capsys):
         check.check_document_positions(lambda ids: [0] * 10)
     check.check_document_positions(stub)
     assert "Not attempted yet" in capsys.readouterr().out
+
+
+def absorb_right(q_nope, w_uk):
+    return torch.einsum("bhln,hnc->bhlc", q_nope, w_uk)
+
+
+def test_absorb_query(capsys):
+    check.check_absorb_query(absorb_right)
+    assert "Correct" in capsys.readouterr().out
+    check.check_absorb_query(lambda q, w: q @ w)                     # the same, by broadcasting matmul
+    assert "Correct" in capsys.readouterr().out
+    for wrong, message in [
+        (lambda q, w: q @ w.transpose(-2, -1), "torch refused the shapes"),        # W^UK q, not W^UK^T q
+        (lambda q, w: torch.einsum("bhln,hnc->blc", q, w), "the heads are gone"),   # summed over heads
+        (lambda q, w: q, "still q"),
+        (lambda q, w: absorb_right(q, w) / q.shape[-1] ** 0.5, "came out scaled"),
+        (lambda q, w: absorb_right(q, w) / w.shape[-1] ** 0.5, "came out scaled"),
+        (lambda q, w: q @ w[0], "used head 0"),
+        (lambda q, w: absorb_right(q, w.flip(0)), "differ from the naive"),       # heads mismatched
+    ]:
+        with pytest.raises(ExerciseError, match=message):
+            check.check_absorb_query(wrong)
+    check.check_absorb_query(stub)
+    assert "Not attempted yet" in capsys.readouterr().out

@@ -41,6 +41,10 @@ def _with_lse(out_fn):
      "attention to all keys"),
     (lambda o1, l1, o2, l2: (o1 + 0 * l2.unsqueeze(-1), torch.logaddexp(l1, l2)), "NaN or inf"),
     (lambda o1, l1, o2, l2: merge_right(o1, l1, o2, l2)[0], "pair (out, lse)"),
+    (_with_lse(lambda o1, l1, o2, l2: o1 + o2), "forgot to rescale"),
+    (lambda o1, l1, o2, l2: (merge_right(o1, l1, o2, l2)[0], torch.logaddexp2(l1, l2)), "base 2"),
+    (_with_lse(lambda o1, l1, o2, l2: o1 * torch.exp2(l1 - torch.logaddexp(l1, l2)).unsqueeze(-1)
+               + o2 * torch.exp2(l2 - torch.logaddexp(l1, l2)).unsqueeze(-1)), "base 2"),
     (lambda o1, l1, o2, l2: (merge_right(o1, l1, o2, l2)[0][0], torch.logaddexp(l1, l2)), "shape"),
 ])
 def test_merge_partials_diagnoses(wrong, fragment):
@@ -54,6 +58,35 @@ def test_merge_partials_sum_of_lse_is_named():
     with pytest.raises(ExerciseError) as info:
         nb14.check_merge_partials(add_lse)
     assert "lse" in str(info.value)
+
+
+# ----------------------------------------------------------------------------- the ring's causal skips
+
+def skips_right(rank, world, layout):
+    return [s for s in range(1, world) if (rank - s) % world > rank] if layout == "contiguous" else []
+
+
+def test_ring_skips_right_and_not_attempted(capsys):
+    nb14.check_ring_skips(skips_right)
+    assert capsys.readouterr().out.startswith("Correct")
+    nb14.check_ring_skips(lambda r, w, lay: torch.tensor(skips_right(r, w, lay), dtype=torch.long))
+    assert capsys.readouterr().out.startswith("Correct")
+    nb14.check_ring_skips(stub)
+    assert capsys.readouterr().out.startswith("Not attempted")
+
+
+@pytest.mark.parametrize("wrong,fragment", [
+    (lambda r, w, lay: [0, *skips_right(r, w, lay)], "diagonal step"),                   # skipped its own block
+    (lambda r, w, lay: skips_right(r, w, "contiguous"), "zig-zag"),                      # same rule for zig-zag
+    (lambda r, w, lay: [s for s in range(1, w) if (r - s) % w < r] if lay == "contiguous" else [], "reversed"),
+    (lambda r, w, lay: [s for s in range(r, w) if s] if lay == "contiguous" else [], "off by one"),
+    (lambda r, w, lay: [], "nothing skipped"),
+    (lambda r, w, lay: skips_right(r, w, lay)[:-1] if w > 2 else skips_right(r, w, lay), "may be skipped are"),
+    (lambda r, w, lay: [s for s in range(1, w) if (r - s) % w != r - 1] if lay == "contiguous" else [],
+     "must be computed"),
+])
+def test_ring_skips_diagnoses(wrong, fragment):
+    expect_error(nb14.check_ring_skips, wrong, fragment)
 
 
 # ----------------------------------------------------------------------------- zigzag_indices

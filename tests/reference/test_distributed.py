@@ -114,6 +114,46 @@ def test_ulysses_bytes_formula_for_even_lengths():
         assert row["backward"] == row["forward"]
 
 
+def test_kv_replication_fills_the_ranks_and_keeps_the_groups():
+    assert D.kv_replication(8, 8, 4) == 1 and D.kv_replication(8, 2, 2) == 1
+    assert D.kv_replication(8, 2, 4) == 2 and D.kv_replication(8, 2, 8) == 4
+    assert D.kv_replication(64, 8, 16) == 2 and D.kv_replication(64, 8, 64) == 8
+    assert D.kv_replication(12, 6, 4) == 2                           # 6 K/V heads over 4 ranks: 12 copies
+    with pytest.raises(ValueError, match="divisible by 16"):
+        D.kv_replication(8, 2, 16)                                    # the query heads cap the degree
+    with pytest.raises(ValueError, match="divisible"):
+        D.kv_replication(8, 3, 4)                                     # 3 K/V heads cannot group 8 query heads
+    for h, h_kv, w in ((8, 2, 4), (24, 6, 8), (12, 3, 4), (64, 8, 32)):
+        copies = D.kv_replication(h, h_kv, w)
+        assert (h_kv * copies) % w == 0 and h % (h_kv * copies) == 0   # a whole share each, groups kept
+
+
+def test_ulysses_bytes_grow_with_the_replication():
+    kw = dict(batch=1, heads=8, head_dim=4, itemsize=4)
+    plain = D.ulysses_bytes_per_rank(32, 4, kv_heads=8, **kw)[0]
+    gqa = D.ulysses_bytes_per_rank(32, 4, kv_heads=2, **kw)[0]        # replicated to 4 K/V heads
+    # per row of the shard: q sends 8 - 2 heads, K and V send (4 - 1) heads each, of 4 values of 4 bytes
+    assert gqa["qkv"] == 8 * ((8 - 2) * 4 + (4 - 1) * 8) * 4
+    assert plain["qkv"] == 8 * ((8 - 2) * 4 + (8 - 2) * 8) * 4
+
+
+def test_ring_tiles_classify_with_the_shared_tile_kind():
+    from selfattn_lite.efficient import TileKind
+
+    tiles = list(D.ring_tiles([(4, 8)], [(0, 4), (4, 8), (8, 12)], is_causal=True))
+    assert [t.kind for t in tiles] == [TileKind.FULL, TileKind.PARTIAL]          # the later keys: SKIP
+    assert tiles[0].mask is None and tiles[1].mask.tolist() == torch.ones(4, 4).tril().bool().tolist()
+    assert (tiles[1].rows, tiles[1].cols) == (slice(0, 4), slice(4, 8))
+    assert [t.kind for t in D.ring_tiles([(4, 8)], [(8, 12)], is_causal=False)] == [TileKind.FULL]
+
+
+def test_ring_kv_held_formula():
+    per_block = 2 * 5 * 4                                              # 2 heads x (E + Ev = 5) x 4 bytes, per row
+    assert D.ring_kv_held_bytes(12, 4, batch_heads=2, head_dim=2, value_dim=3) == [3 * 3 * per_block] * 4
+    assert D.ring_kv_held_bytes(12, 2, batch_heads=2, head_dim=2, value_dim=3) == [2 * 6 * per_block] * 2
+    assert D.ring_kv_held_bytes(12, 1, batch_heads=2, head_dim=2, value_dim=3) == [12 * per_block]
+
+
 def test_ring_schedule():
     assert D.ring_schedule(3) == [[0, 1, 2], [2, 0, 1], [1, 2, 0]]
 
@@ -125,7 +165,12 @@ def test_max_sequence_length_calculator():
     # single device: 80 GiB / (32 layers * (2*4096 + 2*1024) values * 2 bytes) tokens
     assert one["single"] == int(80 * 2**30 / (32 * 10240 * 2)) // 2 * 2
     assert 7.5 * one["ring"] < eight["ring"] <= 8 * one["ring"] + 16   # ring: linear in the devices
-    assert eight["ulysses"] is not None and D.max_sequence_length(16, 80, **kw)["ulysses"] is None   # 8 KV heads
+    sixteen = D.max_sequence_length(16, 80, **kw)
+    # 16 ranks, 8 K/V heads: each K/V head replicated twice; the 32 query heads cap the degree at 32
+    budget = 80 * 2**30 * 16 / (32 * 10240 * 2 + (2 * 4096 + 2 * 2 * 1024) * 2)
+    assert sixteen["ulysses"] == int(budget) // 32 * 32
+    assert D.max_sequence_length(32, 80, **kw)["ulysses"] is not None
+    assert D.max_sequence_length(64, 80, **kw)["ulysses"] is None
     assert eight["ring"] > eight["ulysses"]
     with pytest.raises(ValueError, match="nothing left"):
         D.max_sequence_length(2, 8, reserved_gib=9, **kw)
@@ -308,6 +353,28 @@ def test_four_processes_and_a_group_of_three():
     full_kv = case["k"].nbytes + case["v"].nbytes
     assert sum(r[0]["kv_bytes"] for r in per_rank) == full_kv
     assert all(r[0]["kv_bytes"] <= full_kv / 4 * 1.5 for r in per_rank)
+    # at its peak in the forward a rank holds its own shard, the block in use and the one arriving
+    B, h, L, E = case["q"].shape
+    held = D.ring_kv_held_bytes(L, 4, layout=case["layout"], batch_heads=B * h, head_dim=E,
+                                value_dim=case["v"].shape[-1], itemsize=case["q"].element_size())
+    assert [r[0]["forward"]["kv_held"] for r in per_rank] == held
+    assert all(2 * kv < peak < full_kv for kv, peak in zip((r[0]["kv_bytes"] for r in per_rank), held))
+
+
+def test_ulysses_replicates_kv_heads_when_there_are_more_ranks_than_kv_heads():
+    gen = torch.Generator().manual_seed(8)
+    cases = []
+    for ranks, is_causal in (([0, 1, 2, 3], True), (None, False), (None, True)):   # W = 4, 8, 8
+        L = 21 if ranks else 29
+        q, grad = (torch.randn(1, 8, L, 4, generator=gen, dtype=torch.float64) for _ in range(2))
+        k, v = (torch.randn(1, 2, L, 4, generator=gen, dtype=torch.float64) for _ in range(2))   # h_kv = 2
+        cases.append(dict(method="ulysses", q=q, k=k, v=v, grad=grad, is_causal=is_causal, layout="contiguous",
+                          ranks=ranks))
+    per_rank = D.launch(D.attention_worker, 8, cases)
+    _no_children_left()
+    _check_against_sdpa(cases, per_rank, dict(atol=1e-10, rtol=1e-10))   # outputs, gradients and bytes
+    plain = D.ulysses_bytes_per_rank(21, 4, heads=8, kv_heads=4, head_dim=4, itemsize=8)
+    assert per_rank[0][0]["forward"]["sent"]["all_to_all"] == plain[0]["forward"]   # as if 4 K/V heads
 
 
 def test_one_process_is_plain_attention():
@@ -340,16 +407,16 @@ def test_a_failing_rank_raises_with_its_traceback_and_a_hung_one_times_out():
 
 def test_peak_memory_of_a_rank_is_a_fraction_of_one_process():
     from selfattn_lite import attention
+    from selfattn_lite.course.distributed_cli import memory_worker
     from selfattn_lite.course.memory import peak_memory
 
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 4, 256, 16, generator=gen) for _ in range(3))
-    case = dict(method="ring", q=q, k=k, v=v, grad=None, is_causal=False, measure_memory=True)
-    per_rank = D.launch(D.attention_worker, 2, [case])
+    per_rank = D.launch(memory_worker, 2, q, k, v, "ring", False)
     explicit = peak_memory(lambda: attention.scaled_dot_product_attention(q, k, v))
     block = (k.nbytes + v.nbytes) // 2                              # one rank's K/V block
-    for rank in per_rank:
-        assert block <= rank[0]["peak_bytes"] < explicit / 2       # receives a block; never the full score matrix
+    for peak in per_rank:
+        assert block <= peak < explicit / 2       # receives a block; never the full score matrix
     _no_children_left()
 
 
@@ -357,7 +424,25 @@ def test_peak_memory_of_a_rank_is_a_fraction_of_one_process():
 def test_the_same_code_runs_under_torchrun():
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1"}
     run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                          "--master-port", str(D._free_port()), "-m", "selfattn_lite.distributed"],
+                          "--master-port", str(D.free_port()), "-m", "selfattn_lite.course.distributed_cli"],
                          env=env, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]
     assert "equal to single-process SDPA" in run.stdout
+
+
+def test_the_subpackage_keeps_every_name_and_imports_no_machinery():
+    import subprocess
+
+    from selfattn_lite.distributed import launch, ring_attention, shard, ulysses_attention, unshard  # noqa: F401
+
+    before = ["LAYOUTS", "split_sizes", "shard_segments", "shard_indices", "shard_lengths", "shard", "unshard",
+              "Counters", "counters", "reset_counters", "block_attention", "merge_partials", "ring_attention",
+              "ulysses_attention", "ring_bytes_per_rank", "ulysses_bytes_per_rank", "causal_work", "ring_schedule",
+              "max_sequence_length", "launch", "attention_worker", "device", "METHODS"]
+    assert all(hasattr(D, name) for name in before) and set(D.__all__) >= set(before)
+    # timing (bench) and the command line belong to the machinery: importing the reference loads neither
+    code = ("import sys, selfattn_lite.distributed; "
+            "print(sorted(m for m in sys.modules if m.startswith(('selfattn_lite.bench', 'selfattn_lite.course'))))")
+    run = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(ROOT)},
+                         capture_output=True, text=True, timeout=120)
+    assert run.stdout.strip() == "[]", run.stdout + run.stderr

@@ -103,3 +103,54 @@ def test_bad_input_raises_value_errors():
         cache.crop(5)
     with pytest.raises(ValueError, match="n_tokens must be a non-negative int"):
         mla_cache_bytes(2, 8, 2, n_tokens=-1)
+
+
+def test_the_absorbed_fold_is_made_once_and_remade_when_a_weight_changes():
+    m = _mla(q_lora_rank=6).double().eval()
+    x = torch.randn(2, 5, m.d_model, dtype=torch.float64)
+    with torch.no_grad():
+        first = m(x, absorbed=True)
+        m(x, absorbed=True)
+        assert m.folds == 1                                              # folded once, reused
+        torch.testing.assert_close(first, m(x))
+        m.o_proj.weight.mul_(1.5)                                        # an in-place change bumps _version
+        second = m(x, absorbed=True)
+        assert m.folds == 2
+        torch.testing.assert_close(second, m(x))                         # the new fold, not the stale one
+        assert not torch.allclose(second, first)
+        m.kv_b_proj.weight.add_(0.1)
+        torch.testing.assert_close(m(x, absorbed=True), m(x))
+        m.load_state_dict(_mla(q_lora_rank=6).double().state_dict())     # new weights copied in
+        torch.testing.assert_close(m(x, absorbed=True), m(x))
+        m.o_proj.weight.data.mul_(2.0)                                   # .data bumps no counter: refold
+        m.refold()
+        torch.testing.assert_close(m(x, absorbed=True), m(x))
+    m.float()                                                            # a new dtype (and storage)
+    with torch.no_grad():
+        torch.testing.assert_close(m(x.float(), absorbed=True), m(x.float()), atol=1e-5, rtol=1e-4)
+
+
+def test_the_absorbed_form_trains_its_weights():
+    m = _mla().double()
+    x = torch.randn(1, 4, m.d_model, dtype=torch.float64)
+    folds = m.folds
+    m(x, absorbed=True).square().sum().backward()
+    grads = [p.grad.clone() for p in (m.o_proj.weight, m.kv_b_proj.weight)]
+    m.zero_grad()
+    m(x).square().sum().backward()
+    for got, want in zip(grads, (m.o_proj.weight.grad, m.kv_b_proj.weight.grad)):
+        torch.testing.assert_close(got, want)
+    assert m.folds == folds                                              # recording: nothing cached
+
+
+def test_decode_bytes_naive_against_absorbed():
+    from selfattn_lite.mla import mla_decode_bytes
+
+    dims = dict(n_heads=128, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128)
+    naive = mla_decode_bytes(4096, **dims, absorbed=False)
+    absorbed = mla_decode_bytes(4096, **dims, absorbed=True)
+    assert naive["cache"] == absorbed["cache"] == absorbed["total"] == 4096 * 576 * 2
+    assert naive["keys_values"] == 4096 * 128 * (128 + 64 + 128) * 2
+    assert naive["total"] == naive["cache"] + naive["keys_values"]
+    with pytest.raises(ValueError, match="n_heads"):
+        mla_decode_bytes(4, **{**dims, "n_heads": 0}, absorbed=True)

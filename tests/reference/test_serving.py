@@ -197,6 +197,8 @@ def test_new_presets_match_transformers_configs_and_parameter_counts():
         assert (preset.n_layers, preset.d_model, preset.vocab_size) == \
             (config.num_hidden_layers, config.hidden_size, config.vocab_size)
         assert (preset.kv_lora_rank, preset.qk_rope_head_dim) == (config.kv_lora_rank, config.qk_rope_head_dim)
+        assert (preset.head_dim, preset.v_head_dim) == (config.qk_nope_head_dim + config.qk_rope_head_dim,
+                                                        config.v_head_dim)
         n = count(cls, config)
         assert n == preset.n_params and abs(n / published - 1) < 0.005
     g = transformers.Gemma3nTextConfig()                                  # documented as the E4B configuration
@@ -271,3 +273,14 @@ def test_an_alibi_decoder_takes_a_mask_next_to_its_bias():
         windowed = model(ids, attn_mask=sink_window_mask(40, 0, 8))
         torch.testing.assert_close(windowed[:, :8], model(ids)[:, :8])                  # inside the window
         assert not torch.allclose(windowed[:, 8:], model(ids)[:, 8:])                 # beyond it
+
+
+def test_block_mask_is_built_where_its_inputs_live(monkeypatch):
+    import torch.nn.attention.flex_attention as fa
+
+    seen = []
+    monkeypatch.setattr(fa, "create_block_mask", lambda *args, device, **kw: seen.append(torch.device(device)))
+    flex.block_mask(flex.causal_mod, 8)                                         # nothing to follow: the CPU
+    flex.block_mask(flex.causal_mod, 8, device="meta")                          # an explicit device wins
+    flex.block_mask(flex.document_mod(torch.zeros(8, dtype=torch.long, device="meta")), 8)   # its doc_ids' device
+    assert seen == [torch.device("cpu"), torch.device("meta"), torch.device("meta")]

@@ -3,7 +3,7 @@ which of those blocks a causal mask lets it skip (contiguous layout) or halve (z
 
 from __future__ import annotations
 
-from ...distributed import _tiles, ring_schedule, shard_segments
+from ...distributed import ring_schedule, ring_tiles, shard_segments
 from ...viz.ring import RANK_COLORS
 from ._draw import GREY, box, diagram
 
@@ -15,8 +15,8 @@ def _share(rank: int, src: int, world: int, layout: str) -> float:
     L = 4 * world
     segs = [shard_segments(L, r, world, layout=layout) for r in range(world)]
     n = sum(b - a for a, b in segs[rank]) * sum(b - a for a, b in segs[src])
-    done = sum((rows.stop - rows.start) * (cols.stop - cols.start) for rows, cols, _ in
-               _tiles(segs[rank], segs[src], True))
+    done = sum((tile.rows.stop - tile.rows.start) * (tile.cols.stop - tile.cols.start)
+               for tile in ring_tiles(segs[rank], segs[src], is_causal=True))
     return done / n
 
 

@@ -1,0 +1,107 @@
+"""Machinery around ``selfattn_lite.distributed``: timing a ring (``timing_worker``, for notebook 14's
+last section) and the self-check command line.
+
+    python -m selfattn_lite.course.distributed_cli [W]            # W CPU processes (gloo), default 2
+    torchrun --nproc-per-node 2 -m selfattn_lite.course.distributed_cli
+
+The self-check runs ring attention (contiguous and zig-zag) and Ulysses, causal and not, and compares
+every rank's rows with single-process SDPA. On a machine with fewer GPUs than ranks (one GPU, say)
+``launch`` chooses gloo on the CPU, so the nccl path is exercised only with one GPU per rank.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..distributed import (
+    attention_worker,
+    choose_backend,
+    device,
+    launch,
+    ring_attention,
+    shard,
+    under_torchrun,
+    unshard,
+)
+from . import bench
+
+__all__ = ["timing_worker", "memory_worker", "self_check", "main"]
+
+
+def timing_worker(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, layout: str, budget_s: float = 0.5) -> dict:
+    """Time ``ring_attention`` on this rank's shard (``bench.time_fn``), after a barrier.
+
+    Returns:
+        {"seconds": median seconds per call, "out": this rank's output shard}.
+    """
+    rank, world = dist.get_rank(), dist.get_world_size()
+    q, k, v = (shard(t, rank, world, layout=layout).to(device()) for t in (q, k, v))
+    with torch.no_grad():
+        out = ring_attention(q, k, v, is_causal=is_causal, layout=layout)
+        dist.barrier()
+        # every rank must make the same number of calls (each call communicates): fix the repeats
+        repeat = torch.tensor([max(3, int(budget_s / max(_once(q, k, v, is_causal, layout), 1e-6)))])
+        dist.all_reduce(repeat, op=dist.ReduceOp.MIN)
+        seconds = bench.time_fn(lambda: ring_attention(q, k, v, is_causal=is_causal, layout=layout),
+                                device=q.device, warmup=1, repeat=min(int(repeat), 50), number=1)
+    return {"seconds": seconds, "out": out.cpu()}
+
+
+def memory_worker(q: Tensor, k: Tensor, v: Tensor, method: str = "ring", is_causal: bool = False) -> int:
+    """Peak memory (bytes) of this rank's forward of ``method`` ("ring" or "ulysses") on its shard of q, k, v.
+
+    Measured with ``memory.peak_memory`` (the machinery's measurement, so the reference stays free of it).
+    """
+    from ..distributed import METHODS
+    from .memory import peak_memory
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    q, k, v = (shard(t, rank, world, layout="contiguous").to(device()) for t in (q, k, v))
+    with torch.no_grad():
+        return peak_memory(lambda: METHODS[method](q, k, v, is_causal=is_causal))
+
+
+def _once(q, k, v, is_causal, layout) -> float:
+    start = time.perf_counter()
+    ring_attention(q, k, v, is_causal=is_causal, layout=layout)
+    return time.perf_counter() - start
+
+
+def self_check(world_size: int) -> None:
+    """Ring (contiguous, zig-zag) and Ulysses on ``world_size`` processes, causal and not, against SDPA."""
+    gen = torch.Generator().manual_seed(0)
+    L = 4 * world_size + 3
+    q, k, v, grad = (torch.randn(2, world_size * 2, L, 8, generator=gen, dtype=torch.float64) for _ in range(4))
+    cases = [dict(method=m, q=q, k=k, v=v, grad=grad, is_causal=c, layout=lay)
+             for m, lay in (("ring", "contiguous"), ("ring", "zigzag"), ("ulysses", "contiguous"))
+             for c in (False, True)]
+    per_rank = launch(attention_worker, world_size, cases)
+    for i, case in enumerate(cases):
+        got = unshard([r[i]["out"] for r in per_rank], layout=case["layout"])
+        torch.testing.assert_close(got, F.scaled_dot_product_attention(q, k, v, is_causal=case["is_causal"]))
+    if not under_torchrun() or int(os.environ.get("RANK", 0)) == 0:
+        print(f"ring (contiguous, zigzag) and Ulysses on {world_size} processes ({choose_backend(world_size)}), "
+              f"L = {L}, causal and not: equal to single-process SDPA")
+
+
+def main(argv=None) -> None:
+    from selfattn_lite.course.distributed_cli import self_check as check  # the importable module, not __main__
+
+    parser = argparse.ArgumentParser(prog="python -m selfattn_lite.course.distributed_cli",
+                                     description="Self-check: ring attention (contiguous and zigzag) and Ulysses on "
+                                                 "world_size processes, equal to single-process SDPA.")
+    parser.add_argument("world_size", nargs="?", type=int, default=2,
+                        help="processes to launch (default: 2; under torchrun its WORLD_SIZE wins)")
+    args = parser.parse_args(argv)
+    check(int(os.environ.get("WORLD_SIZE", args.world_size)))
+
+
+if __name__ == "__main__":
+    main()

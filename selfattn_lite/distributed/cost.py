@@ -1,0 +1,160 @@
+"""The formulas the counters are checked against: the ring's schedule, the bytes each rank sends,
+the K/V it holds, the causal work per rank, and how long a sequence N devices can hold.
+
+Taught in notebook 14, "What each rank sends" to "At scale, on paper".
+"""
+
+from __future__ import annotations
+
+from .._checks import check_positive_int
+from .ring import ring_tiles
+from .sharding import shard_lengths, shard_segments
+from .ulysses import kv_replication
+
+__all__ = ["ring_schedule", "ring_bytes_per_rank", "ring_kv_held_bytes", "ulysses_bytes_per_rank", "causal_work",
+           "max_sequence_length"]
+
+
+def ring_schedule(world_size: int) -> list[list[int]]:
+    """schedule[step][rank]: whose K/V block ``rank`` holds at ``step``, i.e. (rank - step) mod W."""
+    check_positive_int("world_size", world_size)
+    return [[(r - s) % world_size for r in range(world_size)] for s in range(world_size)]
+
+
+def ring_bytes_per_rank(L: int, world_size: int, *, layout: str = "contiguous", batch_heads: int = 1,
+                        head_dim: int, value_dim: int | None = None, itemsize: int = 4,
+                        grad_itemsize: int | None = None) -> list[dict]:
+    """Bytes each rank sends in one ``ring_attention`` call, forward ("kv") and backward ("kv_bwd", "dkv").
+
+    Forward: at steps 0 .. W-2 rank r forwards the block it holds, the blocks of ranks
+    r, r-1, ..., r-W+2: every K/V block but that of rank r+1. Each block of n rows costs
+    batch_heads * n * (E + Ev) * itemsize bytes. With L divisible by W that is
+    2 (W - 1) (L / W) * batch_heads * d * itemsize for E = Ev = d. The backward sends the same
+    K/V blocks again, and the gradient accumulators (dK, dV) of all W blocks, one hop each.
+
+    Returns:
+        One dict per rank: {"kv": bytes, "kv_bwd": bytes, "dkv": bytes}.
+    """
+    value_dim = head_dim if value_dim is None else value_dim
+    grad_itemsize = itemsize if grad_itemsize is None else grad_itemsize
+    lengths = shard_lengths(L, world_size, layout=layout)
+    row = batch_heads * (head_dim + value_dim)
+    result = []
+    for r in range(world_size):
+        forwarded = sum(lengths[(r - s) % world_size] for s in range(world_size - 1))
+        result.append({"kv": forwarded * row * itemsize, "kv_bwd": forwarded * row * itemsize,
+                       "dkv": (L * row * grad_itemsize) if world_size > 1 else 0})
+    return result
+
+
+def ring_kv_held_bytes(L: int, world_size: int, *, layout: str = "contiguous", batch_heads: int = 1,
+                       head_dim: int, value_dim: int | None = None, itemsize: int = 4) -> list[int]:
+    """The most bytes of K/V a rank holds at once in the ``ring_attention`` forward (``counters.kv_held``).
+
+    At step s < W - 1 rank r holds its own shard (the caller keeps it; the backward needs it), the
+    block of rank r - s it computes with (its own at s = 0) and the buffer of rank r - s - 1's block
+    arriving; at the last step no buffer. Per rank: the largest over the steps of the sum of those
+    distinct blocks, each n rows x batch_heads x (E + Ev) x itemsize. Equal shards: 3 blocks for W >= 3
+    (3/W of the whole K/V), 2 for W = 2, 1 for W = 1.
+    """
+    value_dim = head_dim if value_dim is None else value_dim
+    lengths = shard_lengths(L, world_size, layout=layout)
+    row = batch_heads * (head_dim + value_dim) * itemsize
+    held = []
+    for r in range(world_size):
+        steps = []
+        for s in range(world_size):
+            blocks = {r, (r - s) % world_size} | ({(r - s - 1) % world_size} if s < world_size - 1 else set())
+            steps.append(sum(lengths[b] for b in blocks) * row)
+        held.append(max(steps))
+    return held
+
+
+def ulysses_bytes_per_rank(L: int, world_size: int, *, batch: int = 1, heads: int, kv_heads: int | None = None,
+                           head_dim: int, value_dim: int | None = None, itemsize: int = 4) -> list[dict]:
+    """Bytes each rank sends in one ``ulysses_attention`` call.
+
+    Forward: rank r keeps 1/W of the heads of its n_r rows and sends the rest:
+    (W-1)/W of its q, k and v shards; then it returns the output rows of the other ranks,
+    h/W heads x (L - n_r) rows. The backward sends the same amounts in reverse. When W does not
+    divide h_kv, the K/V heads are replicated R = ``kv_replication(h, h_kv, W)`` times first, and
+    R h_kv heads take the place of h_kv: the K/V part of the all-to-all grows R-fold.
+
+    Returns:
+        One dict per rank: {"qkv": bytes, "out": bytes, "forward": bytes, "backward": bytes}.
+    """
+    kv_heads = heads if kv_heads is None else kv_heads
+    kv_heads *= kv_replication(heads, kv_heads, world_size)           # R h_kv heads are sent
+    value_dim = head_dim if value_dim is None else value_dim
+    lengths = shard_lengths(L, world_size)
+    w = world_size
+    result = []
+    for n in lengths:
+        qkv = batch * n * ((heads - heads // w) * head_dim + (kv_heads - kv_heads // w) * (head_dim + value_dim))
+        out = batch * (heads // w) * (L - n) * value_dim
+        bwd = batch * ((heads - heads // w) * n * value_dim
+                       + (heads // w) * (L - n) * head_dim + (kv_heads // w) * (L - n) * (head_dim + value_dim))
+        result.append({"qkv": qkv * itemsize, "out": out * itemsize, "forward": (qkv + out) * itemsize,
+                       "backward": bwd * itemsize})
+    return result
+
+
+def causal_work(L: int, world_size: int, *, layout: str = "contiguous", is_causal: bool = True) -> list[int]:
+    """Score entries (query row x key row, per batch-head) each rank computes in ``ring_attention``.
+
+    A tile of (query run) x (key run) is skipped when every key comes after every query and
+    computed in full (masked inside) otherwise. Contiguous: rank r computes the blocks of ranks
+    0..r, so the last rank works about twice the average. Zigzag: every rank holds one early and
+    one late chunk and the work is (nearly) equal.
+    """
+    segs = [shard_segments(L, r, world_size, layout=layout) for r in range(world_size)]
+    return [sum((rows.stop - rows.start) * (cols.stop - cols.start)
+                for src in range(world_size) for rows, cols, *_ in ring_tiles(segs[r], segs[src], is_causal=is_causal))
+            for r in range(world_size)]
+
+
+def max_sequence_length(n_devices: int, gib_per_device: float, *, d_model: int, n_layers: int,
+                        n_heads: int, n_kv_heads: int | None = None, bytes_per_value: int = 2,
+                        reserved_gib: float = 0.0) -> dict:
+    """The longest sequence whose attention tensors fit, per strategy, on paper.
+
+    Assumptions (a model of the attention tensors only, stated so it can be argued with):
+    for training, every layer keeps its q, out (d_model each) and k, v (d_kv = d_model *
+    n_kv_heads / n_heads each) per token for the backward, and attention itself runs fused
+    (FlashAttention: no L x L matrix). ``reserved_gib`` per device is taken first for everything
+    else (weights, optimizer state, MLP activations). Per device:
+
+    * single: L * n_layers * (2 d_model + 2 d_kv) * b <= M
+    * ring:   (L/N) * [n_layers * (2 d_model + 2 d_kv) + 2 * 2 d_kv] * b <= M
+              (its shard, plus the K/V block it computes with and the one arriving)
+    * ulysses: (L/N) * n_layers * (2 d_model + 2 d_kv) * b + L * (2 d_model + 2 R d_kv) / N * b <= M
+              (its shard, plus one layer's q, out for h/N heads and k, v for R h_kv/N heads of all L
+              rows, R = ``kv_replication``: K/V heads are replicated when N > n_kv_heads);
+              None when N does not divide the query heads: they cap Ulysses' degree.
+
+    Returns:
+        {"single": L, "ring": L, "ulysses": L or None}, rounded down to a multiple of 2N (single: of 2).
+    """
+    check_positive_int("n_devices", n_devices)
+    n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+    d_kv = d_model * n_kv_heads // n_heads
+    budget = (gib_per_device - reserved_gib) * 2**30
+    if budget <= 0:
+        raise ValueError(f"nothing left: {gib_per_device} GiB per device, {reserved_gib} GiB reserved")
+    per_token = n_layers * (2 * d_model + 2 * d_kv) * bytes_per_value     # kept for the backward
+    n = n_devices
+    step = 2 * n
+
+    def down(x: float) -> int:
+        return int(x) // step * step
+
+    ring = budget * n / (per_token + 2 * 2 * d_kv * bytes_per_value)
+    try:
+        copies = kv_replication(n_heads, n_kv_heads, n)
+    except ValueError:
+        copies = None                                                   # the query heads cap the degree
+    ulysses = None
+    if copies is not None:
+        ulysses = down(budget * n / (per_token + (2 * d_model + 2 * copies * d_kv) * bytes_per_value))
+    return {"single": int(budget / per_token) // 2 * 2, "ring": down(ring), "ulysses": ulysses}
+

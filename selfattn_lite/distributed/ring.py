@@ -1,0 +1,243 @@
+"""Ring attention (Liu et al. 2023): K/V blocks travel around a ring of ranks; the log-sum-exp merge.
+
+Taught in notebook 14, "Merging partial results" and "Run it for real".
+
+At step s rank r holds the K/V block of rank (r - s) mod W, attends its own queries to it, and merges
+the partial result with the log-sum-exp rule
+
+    lse = log(exp(lse1) + exp(lse2)),   out = out1 * exp(lse1 - lse) + out2 * exp(lse2 - lse)
+
+(the online softmax of notebook 08, one block of keys at a time). After W steps every query has
+seen every key. A rank holds its own K/V shard throughout (its caller keeps it, and the backward
+needs it), the block it computes with, and the one arriving: at most three blocks, never the whole
+K/V (``counters.kv_held`` measures it).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from ..attention import HALF_DTYPES
+from ..efficient import TileKind, tile_kind
+from .comm import check_floats, counters, exchange, exchange_shapes, group_rank_size, wait_all
+from .sharding import check_layout, shard_segments
+
+__all__ = ["block_attention", "merge_partials", "ring_attention", "RingTile", "ring_tiles"]
+
+
+def block_attention(q: Tensor, k: Tensor, v: Tensor, *, scale: float, mask: Tensor | None = None
+                    ) -> tuple[Tensor, Tensor]:
+    """Attention of q to one block of keys, and the log-sum-exp of each query's scores.
+
+        s = q k^T * scale (masked: -inf),  lse = log sum_j exp(s_j),  out = softmax(s) v
+
+    A query that sees no key of the block gets lse = -inf and out = 0, which the merge then
+    ignores. (On a GPU a fused kernel returns the same pair, e.g. FlashAttention's forward.)
+
+    Args:
+        q: (..., Lq, E); k: (..., Lk, E); v: (..., Lk, Ev); mask: (Lq, Lk) bool, True = may attend.
+
+    Returns:
+        out (..., Lq, Ev) and lse (..., Lq), in float32 for half inputs, else in q's dtype.
+    """
+    compute = torch.float32 if q.dtype in HALF_DTYPES else q.dtype
+    s = (q.to(compute) @ k.to(compute).transpose(-2, -1)) * scale        # (..., Lq, Lk)
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)                                     # (..., Lq)
+    safe = lse.masked_fill(torch.isneginf(lse), 0.0)
+    p = torch.exp(s - safe.unsqueeze(-1))                                # exp(-inf) = 0 for masked pairs
+    return p @ v.to(compute), lse
+
+
+def merge_partials(out1: Tensor, lse1: Tensor, out2: Tensor, lse2: Tensor) -> tuple[Tensor, Tensor]:
+    """Merge the attention of the same queries to two disjoint blocks of keys.
+
+        lse = log(exp(lse1) + exp(lse2))
+        out = out1 * exp(lse1 - lse) + out2 * exp(lse2 - lse)
+
+    exp(lse_c - lse) is the share of the softmax mass that block c holds. A block a query does
+    not see (lse_c = -inf) gets share 0; when neither is seen, out = 0 and lse = -inf.
+
+    Args:
+        out1, out2: (..., L, Ev); lse1, lse2: (..., L).
+
+    Returns:
+        (out (..., L, Ev), lse (..., L)).
+    """
+    lse = torch.logaddexp(lse1, lse2)
+    safe = lse.masked_fill(torch.isneginf(lse), 0.0)
+    w1, w2 = torch.exp(lse1 - safe).unsqueeze(-1), torch.exp(lse2 - safe).unsqueeze(-1)   # (..., L, 1)
+    return out1 * w1 + out2 * w2, lse
+
+
+def ring_attention(q: Tensor, k: Tensor, v: Tensor, *, is_causal: bool = False, layout: str = "contiguous",
+                   group=None) -> Tensor:
+    """Exact attention of this rank's queries to the whole sequence, K/V blocks passed around a ring.
+
+    Call it on every rank of ``group`` at once, each with its own shard (``shard(x, rank, world,
+    layout=layout)``). At step s = 0 .. W-1 rank r holds the K/V block of rank (r - s) mod W:
+    it posts the send of that block to rank r + 1 and the receive of the next one from rank r - 1,
+    computes the tiles it needs (tiles entirely above the causal diagonal are skipped), merges
+    them with ``merge_partials``, then waits for the transfer. The backward recomputes the tiles
+    from the saved log-sum-exp and passes each K/V block together with its gradient accumulators
+    (dK, dV) around the ring; after W steps they arrive back at the block's owner.
+
+    Args:
+        q: (..., n_r, E), k: (..., n_r, E), v: (..., n_r, Ev): this rank's rows (same leading dims on
+            every rank; n_r from the layout; lengths need not divide evenly).
+        is_causal: global causal mask: the query at global position i sees keys j <= i.
+        layout: "contiguous" or "zigzag" (balanced causal work).
+        group: the process group of the ring (default: the whole world).
+
+    Returns:
+        (..., n_r, Ev): this rank's rows of softmax(Q K^T / sqrt(E) + M) V. Differentiable.
+
+    Raises:
+        ValueError: shapes that do not fit, a bad layout, or no process group.
+    """
+    check_layout(layout)
+    check_floats(q, k, v, "ring_attention")
+    problem = None
+    if not (q.shape[:-2] == k.shape[:-2] == v.shape[:-2] and q.shape[-1] == k.shape[-1]
+            and k.shape[-2] == v.shape[-2] and q.dtype == k.dtype == v.dtype):
+        problem = (f"q (..., n, E), k (..., n, E), v (..., n, Ev) must share the leading dims, E and dtype; got "
+                   f"q {tuple(q.shape)} {q.dtype}, k {tuple(k.shape)} {k.dtype}, v {tuple(v.shape)} {v.dtype}")
+    lengths = exchange_shapes(q, k, v, layout, is_causal, group, "ring_attention", problem)
+    return _RingAttention.apply(q, k, v, bool(is_causal), layout, group, lengths)
+
+
+class RingTile(NamedTuple):
+    """One (query run) x (key run) tile a rank computes: local row slices, its kind, its mask."""
+
+    rows: slice           # this rank's local query rows
+    cols: slice           # the held block's local key rows
+    kind: TileKind        # FULL (no mask) or PARTIAL (masked inside); SKIP tiles are not yielded
+    mask: Tensor | None   # (rows, cols) bool, True = may attend; None for FULL
+
+
+def ring_tiles(q_segs: list[tuple[int, int]], k_segs: list[tuple[int, int]], *, is_causal: bool
+               ) -> Iterator[RingTile]:
+    """The tiles a rank computes when its queries meet one K/V block.
+
+    The queries are the runs of global positions ``q_segs`` (from ``shard_segments``), the keys the
+    runs ``k_segs``. Each (query run, key run) pair is one tile, classified by
+    ``efficient.tile_kind``: under a causal mask a tile whose keys all come after all its queries is
+    SKIP (not yielded), one whose keys all come at or before every query is FULL, the rest PARTIAL
+    (with the mask key position <= query position). Without a mask every tile is FULL.
+
+    Args:
+        q_segs, k_segs: lists of [start, stop) runs of global positions, in local order.
+        is_causal: the global causal mask.
+
+    Yields:
+        ``RingTile(rows, cols, kind, mask)`` with rows / cols slices into the local tensors.
+    """
+    end = max(b for _, b in [*q_segs, *k_segs])
+    below, above = end, (0 if is_causal else end)       # query i sees key j iff -below <= j - i <= above
+    qo = 0
+    for qa, qb in q_segs:
+        ko = 0
+        for ka, kb in k_segs:
+            kind = tile_kind(qa, qb, ka, kb, below, above)
+            if kind != TileKind.SKIP:
+                mask = None
+                if kind == TileKind.PARTIAL:                    # key position <= query position
+                    mask = torch.arange(ka, kb)[None, :] <= torch.arange(qa, qb)[:, None]
+                yield RingTile(slice(qo, qo + qb - qa), slice(ko, ko + kb - ka), kind, mask)
+            ko += kb - ka
+        qo += qb - qa
+
+
+# ---------------------------------------------------------------------------------------------
+# The autograd function: forward and backward passes around the ring
+# ---------------------------------------------------------------------------------------------
+
+class _RingAttention(torch.autograd.Function):
+    """Forward: K/V blocks go around the ring; backward: K/V blocks and their gradients do."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, is_causal, layout, group, lengths):
+        rank, world = group_rank_size(group)
+        L = sum(lengths)
+        segs = [shard_segments(L, r, world, layout=layout) for r in range(world)]
+        scale = 1.0 / math.sqrt(q.shape[-1])
+        compute = torch.float32 if q.dtype in HALF_DTYPES else q.dtype
+        out = torch.zeros(*q.shape[:-1], v.shape[-1], dtype=compute, device=q.device)    # (..., n, Ev)
+        lse = torch.full(q.shape[:-1], float("-inf"), dtype=compute, device=q.device)   # (..., n)
+        k_blk, v_blk = k, v
+        for step in range(world):
+            src = (rank - step) % world                       # whose K/V block we hold now
+            requests, incoming = [], ()
+            if step < world - 1:                              # post the next transfer, then compute
+                nxt = (rank - step - 1) % world
+                k_next, v_next = (t.new_empty(*t.shape[:-2], lengths[nxt], t.shape[-1]) for t in (k, v))
+                requests = exchange([(k_blk, (rank + 1) % world), (v_blk, (rank + 1) % world)],
+                                    [(k_next, (rank - 1) % world), (v_next, (rank - 1) % world)], "kv", group)
+                incoming = (k_next, v_next)
+            counters.hold(k, v, k_blk, v_blk, *incoming)     # own shard, the block in use, the one arriving
+            for rows, cols, _, mask in ring_tiles(segs[rank], segs[src], is_causal=is_causal):
+                o, s = block_attention(q[..., rows, :], k_blk[..., cols, :], v_blk[..., cols, :], scale=scale,
+                                       mask=None if mask is None else mask.to(q.device))
+                out[..., rows, :], lse[..., rows] = merge_partials(out[..., rows, :], lse[..., rows], o, s)
+                counters.scores += (rows.stop - rows.start) * (cols.stop - cols.start)
+            wait_all(requests)
+            if step < world - 1:
+                k_blk, v_blk = k_next, v_next
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.setup = (is_causal, layout, group, lengths, scale)
+        return out.to(q.dtype)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, out, lse = ctx.saved_tensors
+        is_causal, layout, group, lengths, scale = ctx.setup
+        rank, world = group_rank_size(group)
+        segs = [shard_segments(sum(lengths), r, world, layout=layout) for r in range(world)]
+        compute = out.dtype
+        qc, do = q.to(compute), grad_out.to(compute)
+        delta = (do * out).sum(-1)                            # (..., n)  D_i = sum_e dO_ie O_ie
+        safe_lse = lse.masked_fill(torch.isneginf(lse), float("inf"))   # a row that saw nothing: p = 0
+        dq = torch.zeros_like(qc)
+        k_blk, v_blk = k, v
+        dk_blk = torch.zeros(k.shape, dtype=compute, device=k.device)   # gradients of the block we hold
+        dv_blk = torch.zeros(v.shape, dtype=compute, device=v.device)
+        nxt_rank, prev_rank = (rank + 1) % world, (rank - 1) % world
+        for step in range(world):
+            src = (rank - step) % world
+            requests = []
+            if step < world - 1:                              # K/V need no update: post them first
+                nxt = (rank - step - 1) % world
+                k_next, v_next = (t.new_empty(*t.shape[:-2], lengths[nxt], t.shape[-1]) for t in (k, v))
+                requests = exchange([(k_blk, nxt_rank), (v_blk, nxt_rank)],
+                                    [(k_next, prev_rank), (v_next, prev_rank)], "kv_bwd", group)
+            kc, vc = k_blk.to(compute), v_blk.to(compute)
+            for rows, cols, _, mask in ring_tiles(segs[rank], segs[src], is_causal=is_causal):
+                s = (qc[..., rows, :] @ kc[..., cols, :].transpose(-2, -1)) * scale   # (..., r, c)
+                if mask is not None:
+                    s = s.masked_fill(~mask.to(q.device), float("-inf"))
+                p = torch.exp(s - safe_lse[..., rows].unsqueeze(-1))                   # the final softmax
+                dv_blk[..., cols, :] += p.transpose(-2, -1) @ do[..., rows, :]
+                dp = do[..., rows, :] @ vc[..., cols, :].transpose(-2, -1)
+                ds = p * (dp - delta[..., rows].unsqueeze(-1))
+                dq[..., rows, :] += (ds @ kc[..., cols, :]) * scale
+                dk_blk[..., cols, :] += (ds.transpose(-2, -1) @ qc[..., rows, :]) * scale
+                counters.scores += (rows.stop - rows.start) * (cols.stop - cols.start)
+            wait_all(requests)
+            # the gradients of block src travel on with it; after the last step they reach their owner
+            if world == 1:
+                break
+            nxt = (rank - step - 1) % world
+            dk_next, dv_next = (t.new_empty(*t.shape[:-2], lengths[nxt], t.shape[-1]) for t in (dk_blk, dv_blk))
+            wait_all(exchange([(dk_blk, nxt_rank), (dv_blk, nxt_rank)],
+                              [(dk_next, prev_rank), (dv_next, prev_rank)], "dkv", group))
+            dk_blk, dv_blk = dk_next, dv_next
+            if step < world - 1:
+                k_blk, v_blk = k_next, v_next
+        return dq.to(q.dtype), dk_blk.to(k.dtype), dv_blk.to(v.dtype), None, None, None, None
+
