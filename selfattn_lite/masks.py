@@ -18,6 +18,7 @@ __all__ = [
     "to_additive",
     "is_fully_masked",
     "sink_window_mask",
+    "window_mask_2d",
     "document_mask",
     "document_positions",
 ]
@@ -152,6 +153,44 @@ def sink_window_mask(L: int, n_sink: int, window: int, *, device=None) -> Tensor
     i = torch.arange(L, device=device)[:, None]   # (L, 1) query positions
     j = torch.arange(L, device=device)[None, :]   # (1, L) key positions
     return (j <= i) & ((j < n_sink) | (i - j < window))
+
+
+def window_mask_2d(h: int, w: int, window: int, shift: int = 0, *, device=None) -> Tensor:
+    """Boolean (h*w, h*w) mask of window attention over an h x w grid of patches (Swin).
+
+    Patches are numbered in raster order, p = r * w + c. The grid is cut into window x window
+    squares whose borders sit ``shift`` patches below and to the right of the regular ones, and a
+    patch may attend to the patches of its own square only:
+
+        window id of a coordinate x = floor((x - shift) / window),
+        (r, c) may attend to (r', c')  iff  both window ids agree along both axes.
+
+    ``shift = 0`` is Swin's regular partition; ``shift = window // 2`` its shifted one, where the
+    squares at the borders are cut smaller (Liu et al. 2021, Section 3.2). Swin computes the shifted
+    case with a cyclic shift of the grid and a mask over the pieces that wrap around; the patterns
+    are the same (notebook 08 checks it).
+    Taught in notebook 08, section "Windows over image patches (Swin)".
+
+    Args:
+        h, w: the grid's rows and columns, both multiples of ``window``.
+        window: the side M of a square window.
+        shift: 0 <= shift < window.
+
+    Returns:
+        (h*w, h*w) bool, True = may attend. Symmetric; every patch sees itself.
+
+    Taught in notebook 08, "Windows over image patches (Swin)".
+    """
+    h, w = check_positive_int("h", h), check_positive_int("w", w)
+    window = check_positive_int("window", window)
+    shift = check_int("shift", shift, low=0, high=window - 1)
+    if h % window or w % window:
+        raise ValueError(f"the grid h x w = {h} x {w} must be a whole number of windows of {window} x {window}")
+    rows = torch.arange(h, device=device).repeat_interleave(w)     # (h*w,) row of each patch
+    cols = torch.arange(w, device=device).repeat(h)                # (h*w,) column of each patch
+    win_r = torch.div(rows - shift, window, rounding_mode="floor")
+    win_c = torch.div(cols - shift, window, rounding_mode="floor")
+    return (win_r[:, None] == win_r[None, :]) & (win_c[:, None] == win_c[None, :])
 
 
 def _check_doc_ids(doc_ids) -> Tensor:

@@ -466,6 +466,7 @@ def to_gqa(model: TinyDecoder, n_kv_heads: int) -> TinyDecoder:
 # The shipped model
 # --------------------------------------------------------------------------------------
 VAL_FRACTION = 0.1
+VAL_WINDOWS = 16    # held-out windows every evaluation uses (training's record, notebooks 06, 07, 11)
 
 
 def load_text() -> str:
@@ -486,12 +487,13 @@ def split_text(text: str, val_fraction: float = VAL_FRACTION) -> tuple[str, str]
 
 
 @torch.no_grad()
-def evaluate(model: TinyDecoder, ids: Tensor, seq_len: int | None = None, n_windows: int = 8) -> dict:
+def evaluate(model: TinyDecoder, ids: Tensor, seq_len: int | None = None, n_windows: int = VAL_WINDOWS) -> dict:
     """Next-token loss (nats per token) and accuracy on ``n_windows`` evenly spaced windows.
 
     Args:
         ids: (N,) token ids of a held-out text.
         seq_len: tokens predicted per window (default: the model's max_len - 1).
+        n_windows: how many windows (default ``VAL_WINDOWS``, the count the shipped record used).
 
     Returns:
         {"loss": mean cross-entropy, "accuracy": share of tokens whose argmax is right}.

@@ -41,6 +41,7 @@ __all__ = [
     "interleaved_to_half_permutation",
     "half_to_interleaved_permutation",
     "permute_qk_rows",
+    "apply_rotary_2d",
     "alibi_slopes",
     "alibi_bias",
 ]
@@ -363,6 +364,50 @@ def permute_qk_rows(weight: Tensor, n_heads: int, *, to: str = "half") -> Tensor
     perm = interleaved_to_half_permutation(head_dim) if to == "half" else half_to_interleaved_permutation(head_dim)
     heads = weight.reshape(n_heads, head_dim, *weight.shape[1:])          # (h, d, d_in)
     return heads[:, perm.to(weight.device)].reshape(weight.shape)
+
+
+def apply_rotary_2d(x: Tensor, rows: Tensor, cols: Tensor, base: float = 10000.0) -> Tensor:
+    """Axial 2D RoPE for image patches: half of the pairs turn with the row, half with the column.
+
+    The first d/2 features of x get 1D RoPE (half-split pairs) at position ``rows``, the last d/2 at
+    position ``cols``, each half with the frequencies of a d/2-wide head, theta_i = base^(-4i/d).
+    Rotations of different pairs commute, so for a query at patch (r, c) and a key at (r', c')
+
+        rot(q; r, c) . rot(k; r', c') = g(q, k, r - r', c - c'),
+
+    the score depends on the patches' 2D offset only (RoPE-Axial in Heo et al. 2024).
+    Taught in notebook 05, section "Images: positions in two dimensions".
+
+    Args:
+        x: (..., T, d), floating, d divisible by 4; one row per patch.
+        rows, cols: (T,) the patch coordinates (integers or floats).
+        base: the frequencies' base, as in ``rope_inv_freq``.
+
+    Returns:
+        (..., T, d), the same dtype as x.
+
+    Raises:
+        ValueError: naming the shapes, if d is not a multiple of 4 or rows / cols are not (T,).
+
+    Taught in notebook 05, "Images: positions in two dimensions".
+    """
+    if not isinstance(x, Tensor) or x.dim() < 2 or not x.is_floating_point():
+        got = f"shape {tuple(x.shape)} and dtype {x.dtype}" if isinstance(x, Tensor) else type(x).__name__
+        raise ValueError(f"x must be a floating tensor (..., T, d), got {got}")
+    T, d = x.shape[-2], x.shape[-1]
+    if d % 4:
+        raise ValueError(f"x's last dim must be a multiple of 4 (two halves of pairs), got x of shape {tuple(x.shape)}")
+    for name, p in (("rows", rows), ("cols", cols)):
+        if not isinstance(p, Tensor) or p.shape != (T,):
+            got = tuple(p.shape) if isinstance(p, Tensor) else type(p).__name__
+            raise ValueError(f"{name} must be a ({T},) tensor, one coordinate per patch of x "
+                             f"{tuple(x.shape)}, got {got}")
+    inv_freq = rope_inv_freq(d // 2, base).to(x.device)                       # (d/4,)
+    halves = []
+    for half, pos in zip(x.chunk(2, dim=-1), (rows, cols)):                   # (..., T, d/2) each
+        angles = pos.to(device=x.device, dtype=torch.float32)[:, None] * inv_freq    # (T, d/4)
+        halves.append(apply_rotary(half, angles.cos(), angles.sin()))
+    return torch.cat(halves, dim=-1)
 
 
 # --------------------------------------------------------------------------------------

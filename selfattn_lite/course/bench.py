@@ -111,8 +111,9 @@ DEVICE_SPECS: dict[str, DeviceSpec] = {
     "NVIDIA L40S": DeviceSpec(362.05, 864.0, "NVIDIA L40S data sheet: 362.05 TFLOP/s, 864 GB/s"),
 }
 
-# FlashAttention and cuDNN's fused kernels take head sizes up to 256; a wider head makes torch's
-# SDPA fall back to another backend, so a timing would compare different kernels.
+# torch's flash kernel takes head sizes up to 256 (its cuDNN kernel: 128, or 256 on Hopper with cuDNN >= 9.10;
+# the memory-efficient kernel has no upper bound, only an alignment rule: aten/src/ATen/native/transformers/
+# cuda/sdp_utils.cpp). A wider head pushes SDPA off the flash kernel, so a timing would compare kernels.
 MAX_FUSED_HEAD_DIM = 256
 
 
@@ -180,7 +181,7 @@ def describe_peak(device: torch.device | str, dtype: torch.dtype = torch.bfloat1
 
 
 def max_head_dim(device: torch.device | str) -> int | None:
-    """The widest head a timing should use on ``device``: 256 on CUDA (fused kernels), None (no cap) on CPU."""
+    """The widest head a timing should use on ``device``: 256 on CUDA (the flash kernel's cap), None on CPU."""
     return MAX_FUSED_HEAD_DIM if torch.device(device).type == "cuda" else None
 
 

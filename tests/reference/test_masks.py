@@ -247,3 +247,61 @@ def test_mask_widget_bad_input():
 
     with pytest.raises(ValueError, match="max_len must be an int >= 2, got 1"):
         MaskWidget(max_len=1)
+
+
+# --------------------------------------------------------------------------------------
+# window_mask_2d: Swin's window attention over a grid of patches
+# --------------------------------------------------------------------------------------
+def _window_mask_loop(h, w, window, shift):
+    """The definition, pair by pair: the same shifted square along both axes."""
+    def square(x):
+        return (x - shift) // window                     # Python's // floors negative numbers too
+    mask = torch.zeros(h * w, h * w, dtype=torch.bool)
+    for p in range(h * w):
+        for p2 in range(h * w):
+            (r, c), (r2, c2) = divmod(p, w), divmod(p2, w)
+            mask[p, p2] = square(r) == square(r2) and square(c) == square(c2)
+    return mask
+
+
+def _window_mask_cyclic_shift(h, w, window, shift):
+    """Swin's construction: roll the grid by -shift, cut regular windows, mask the wrapped pieces."""
+    rows, cols = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
+    src_r, src_c = (rows + shift) % h, (cols + shift) % w            # rolled grid: which patch sits where
+    region_r = (rows >= h - window).long() + (rows >= h - shift).long() if shift else torch.zeros_like(rows)
+    region_c = (cols >= w - window).long() + (cols >= w - shift).long() if shift else torch.zeros_like(cols)
+    label = (rows // window) * (w // window) + cols // window        # regular window of the rolled grid
+    piece = region_r * 3 + region_c                                  # which wrapped piece inside it
+    key = (label * 9 + piece).flatten()                              # (h*w,) in rolled raster order
+    rolled = key[:, None] == key[None, :]                            # attention in the rolled grid
+    original = (src_r * w + src_c).flatten()                         # rolled slot -> original patch
+    mask = torch.zeros(h * w, h * w, dtype=torch.bool)
+    mask[original[:, None], original[None, :]] = rolled              # undo the roll
+    return mask
+
+
+@pytest.mark.parametrize("h, w, window, shift", [(4, 4, 2, 0), (4, 4, 2, 1), (8, 8, 4, 2), (6, 9, 3, 1),
+                                                 (8, 4, 4, 3), (3, 3, 3, 1), (2, 4, 1, 0)])
+def test_window_mask_2d_matches_the_loop_and_swin_cyclic_shift(h, w, window, shift):
+    got = masks.window_mask_2d(h, w, window, shift)
+    assert got.dtype == torch.bool and got.shape == (h * w, h * w)
+    assert torch.equal(got, _window_mask_loop(h, w, window, shift))
+    assert torch.equal(got, _window_mask_cyclic_shift(h, w, window, shift))
+    assert torch.equal(got, got.T) and got.diagonal().all()
+
+
+def test_window_mask_2d_counts():
+    regular, shifted = masks.window_mask_2d(8, 8, 4), masks.window_mask_2d(8, 8, 4, shift=2)
+    assert regular.sum() == 4 * 16 * 16                      # 4 windows of 16 patches, all pairs
+    sizes = [2, 4, 2]                                        # shifted: squares cut 2, 4, 2 along each axis
+    assert shifted.sum() == sum((a * b) ** 2 for a in sizes for b in sizes)
+    assert masks.window_mask_2d(4, 4, 4).all()                     # one window: global attention
+
+
+def test_window_mask_2d_rejects_bad_sizes():
+    with pytest.raises(ValueError, match="whole number of windows"):
+        masks.window_mask_2d(6, 8, 4)
+    with pytest.raises(ValueError, match=r"shift must be an int in \[0, 3\]"):
+        masks.window_mask_2d(8, 8, 4, shift=4)
+    with pytest.raises(ValueError, match="window must be"):
+        masks.window_mask_2d(8, 8, 0)

@@ -310,7 +310,7 @@ def test_shipped_model_loads_and_matches_its_training_record():
     assert info["data"]["file"] == TEXT_FILE.name and len(load_text()) == info["data"]["chars"]
     text = load_text()
     val_ids = model.tokenizer.encode(split_text(text)[1])
-    got = evaluate(model, val_ids, n_windows=16)
+    got = evaluate(model, val_ids)                 # the default window count is the record's (VAL_WINDOWS)
     assert got["loss"] == pytest.approx(info["val_loss"], abs=2e-3)      # the same held-out loss
     assert got["loss"] < 2.0                                             # it learned: uniform is ln(V) ~ 4.1
 
