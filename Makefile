@@ -4,7 +4,10 @@
 #   make student  write student notebooks (solutions removed) to student/
 #   make figures  regenerate figures/ from the package
 #   make notebooks  re-execute every notebook in place (after changing code)
-#   make gpu-report  time and check everything on a CUDA GPU into figures/gpu/ (~6 min; a dry run without one)
+#   make gpu-report  time and check everything on a CUDA GPU into figures/gpu/ (< 8 min; a dry run without one)
+#                 offline GPU machine, its own python3, no install, the key numbers in < 4 min:
+#                   PYTHONPATH=. python3 -m selfattn_lite.gpu_report --quick
+#                 (= make gpu-report PYTHON=python3 INSTALL=no GPU_REPORT_ARGS=--quick)
 #   make assignments  nbgrader course in assignments/ (source/ with grading metadata, release/)
 #   make site     the course as an offline static website in _site/html (open index.html)
 #   make explorer the live attention explorer as a Voila app
@@ -52,8 +55,11 @@ notebooks: install
 	cd notebooks && for nb in [0-9][0-9]_*.ipynb; do \
 		../$(PY) -m jupyter nbconvert --to notebook --execute --inplace "$$nb" || exit 1; done
 
-gpu-report: install
-	$(PY) -m selfattn_lite.gpu_report --out figures/gpu $(GPU_REPORT_ARGS)
+# INSTALL=no: run with $(PYTHON) as it is, no venv, no pip (the offline GPU machine's own python3).
+INSTALL ?= yes
+REPORT_PY := $(if $(filter no,$(INSTALL)),$(PYTHON),$(PY))
+gpu-report: $(if $(filter no,$(INSTALL)),,install)
+	PYTHONPATH=.$(if $(PYTHONPATH),:$(PYTHONPATH)) $(REPORT_PY) -m selfattn_lite.gpu_report --out figures/gpu $(GPU_REPORT_ARGS)
 
 assignments: install
 	$(PY) -m selfattn_lite.assignments notebooks assignments

@@ -362,20 +362,29 @@ class Timing:
 
 
 def _clock(device: torch.device | None) -> Callable[[], float]:
-    """The clock a timing reads: ``torch.utils.benchmark.timer`` for work on an accelerator (it
-    synchronizes the current device, one per process in this course, then reads the time), the
-    plain ``timeit`` clock for CPU work (as torch's docs advise: nothing to wait for).
+    """The clock a timing reads: on an accelerator, synchronize the device, then read ``timeit``'s
+    clock (what ``torch.utils.benchmark.timer`` does; called directly because importing
+    ``torch.utils.benchmark`` needs setuptools, which a bare GPU machine's Python may lack); for CPU
+    work, the plain ``timeit`` clock (as torch's docs advise: nothing to wait for).
     Device unknown: synchronize a GPU only if one is in use."""
     if device is None:
-        on_accelerator = torch.cuda.is_available() and torch.cuda.is_initialized()
-    else:
-        on_accelerator = device.type not in ("cpu", "meta")
-    if not on_accelerator:
+        device = torch.device("cuda") if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    if device is None or device.type in ("cpu", "meta"):
         return timeit.default_timer
-    # imported here, not at the top: it imports setuptools (a quarter of a second)
-    from torch.utils import benchmark
+    if device.type == "cuda":
+        synchronize = torch.cuda.synchronize
+    elif device.type == "mps":
+        synchronize = torch.mps.synchronize
+    else:                                   # another accelerator: torch's own synchronizing timer
+        from torch.utils import benchmark
 
-    return benchmark.timer
+        return benchmark.timer
+
+    def clock() -> float:
+        synchronize()
+        return timeit.default_timer()
+
+    return clock
 
 
 def time_stats(fn: Callable[[], object], *, device: torch.device | str | None = None, warmup: int = 2,
