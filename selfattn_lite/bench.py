@@ -314,17 +314,22 @@ SDPA_OPS = {
 }
 
 
-def sdpa_backends(fn: Callable[[], object]) -> list[str]:
+def sdpa_backends(fn: Callable[[], object], *, grad: bool = False) -> list[str]:
     """The SDPA backends one call of ``fn()`` ran, in order of first use ([] if it called no SDPA).
 
     Runs ``fn`` once under ``torch.profiler`` (CPU activity: the aten ops are recorded on the
     host for every device) and reads the fused op each ``scaled_dot_product_attention`` became.
+    Under ``torch.no_grad()``, unless ``grad``: a forward that records a graph for a backward
+    may pick another backend (not every fused kernel has a backward for every input).
     """
+    from contextlib import nullcontext
+
     from torch.profiler import ProfilerActivity, profile
 
     from .efficient import _quiet_stderr
 
-    with torch.no_grad(), _quiet_stderr(), profile(activities=[ProfilerActivity.CPU]) as prof:
+    with nullcontext() if grad else torch.no_grad(), _quiet_stderr(), \
+            profile(activities=[ProfilerActivity.CPU]) as prof:
         fn()
     found = []
     for event in prof.events():

