@@ -6,6 +6,7 @@ the CPU with stand-ins for torch's functions.
 """
 
 import math
+import sys
 import timeit
 
 import pytest
@@ -286,3 +287,14 @@ def test_plot_rows():
                          compute_dtypes={"b": torch.float64})
     ax = bench.plot_rows(rows)
     assert [t.get_text() for t in ax.get_yticklabels()] == ["b [float32 -> float64]", "a"]
+
+
+def test_the_cuda_clock_synchronizes_without_torch_utils_benchmark(monkeypatch):
+    """A GPU timing waits for the device, and needs no setuptools (which torch.utils.benchmark imports and a
+    bare GPU machine's Python may lack): the clock synchronizes the device itself."""
+    calls = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *args: calls.append(args))
+    monkeypatch.setitem(sys.modules, "torch.utils.benchmark", None)     # importing it would now fail
+    clock = bench._clock(torch.device("cuda"))
+    assert isinstance(clock(), float) and len(calls) == 1
+    assert bench._clock(torch.device("cpu")) is timeit.default_timer
