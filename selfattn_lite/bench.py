@@ -366,9 +366,20 @@ class Timing:
         return max(self.samples) - min(self.samples)
 
 
+def _synchronize(device: torch.device) -> None:
+    """Wait for the work queued on ``device`` (torch.accelerator where torch has it, >= 2.6)."""
+    accelerator = getattr(torch, "accelerator", None)
+    if hasattr(accelerator, "synchronize"):
+        accelerator.synchronize()
+    elif device.type == "mps":
+        torch.mps.synchronize()
+    else:
+        torch.cuda.synchronize()
+
+
 def _clock(device: torch.device | None) -> Callable[[], float]:
     """The clock a timing reads: on an accelerator, synchronize the device, then read ``timeit``'s
-    clock (what ``torch.utils.benchmark.timer`` does; called directly because importing
+    clock (what ``torch.utils.benchmark.timer`` does; written out because importing
     ``torch.utils.benchmark`` needs setuptools, which a bare GPU machine's Python may lack); for CPU
     work, the plain ``timeit`` clock (as torch's docs advise: nothing to wait for).
     Device unknown: synchronize a GPU only if one is in use."""
@@ -376,17 +387,9 @@ def _clock(device: torch.device | None) -> Callable[[], float]:
         device = torch.device("cuda") if torch.cuda.is_available() and torch.cuda.is_initialized() else None
     if device is None or device.type in ("cpu", "meta"):
         return timeit.default_timer
-    if device.type == "cuda":
-        synchronize = torch.cuda.synchronize
-    elif device.type == "mps":
-        synchronize = torch.mps.synchronize
-    else:                                   # another accelerator: torch's own synchronizing timer
-        from torch.utils import benchmark
-
-        return benchmark.timer
 
     def clock() -> float:
-        synchronize()
+        _synchronize(device)
         return timeit.default_timer()
 
     return clock

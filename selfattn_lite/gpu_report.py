@@ -44,17 +44,17 @@ The sections, in order (``SECTIONS``; * = also in ``--quick``):
 * ``nb11``: notebook 11's forward + backward benchmark (explicit, tiled, SDPA), time and peak memory.
 
 How long on an H200 (estimated from counts; no H200 was at hand when this was written). A section
-process starts in about 5 s (Python, torch, the CUDA context). ``--quick``: provenance ~5 s;
-calibrate ~10 s (GEMM and copy, 1 s of samples each, plus warm-up); each Triton section compiles
-what the autotuner tries, at most 2 masks x (4 forward + 4 x 2 backward configurations) = 24
-compiles of roughly 1-2 s each for bf16 on sm_90 (25-50 s), then 16 timings of ~0.4 s (forward and
-backward, Triton and SDPA, two masks) and a float64 reference on one batch element (~1 s): 40-60 s
-per head size; ``tiled``: 8 timings of eager PyTorch, ~10 s. About 2-2.5 min in all. The full report
-adds ``tests`` (<= 120 s) and ``nb01``-``nb11`` (2-3 min, mostly nb08's and nb11's sweeps): about
-6-7 min. Both are also capped: a section is killed at its timeout and gets at most the time left
-of ``QUICK_TOTAL_S`` (235 s) or ``FULL_TOTAL_S`` (470 s); a section with no time left is skipped with
-one line. So ``--quick`` ends in under 4 minutes and the full report in under 8, at worst with the
-last sections cut short.
+process starts in about 5 s (Python, torch, the CUDA context). ``--quick``: provenance ~5 s; calibrate
+~10 s (GEMM and copy, 1 s of samples each, plus warm-up); each Triton section compiles what the
+autotuner tries, at most 2 masks x (4 forward + 4 x 2 backward configurations) = 24 compiles of roughly
+1-2 s each for bf16 on sm_90 (25-50 s), then 16 timings of ~0.4 s (forward and backward, Triton and
+SDPA, two masks) and a float64 reference on one batch element (~1 s): 40-60 s per head size; ``tiled``:
+8 timings of eager PyTorch, ~10 s. About 2-2.5 min in all. The full report adds ``tests`` (<= 150 s; its
+273 tests took 65 s on a busy 2-core CPU) and ``nb01``-``nb11`` (2-3 min, mostly nb08's and nb11's
+sweeps): about 6-7 min. Both are also capped: a section is killed at its timeout and gets at most the
+time left of ``QUICK_TOTAL_S`` (235 s) or ``FULL_TOTAL_S`` (470 s); a section with no time left is
+skipped with one line. So ``--quick`` ends in under 4 minutes and the full report in under 8, at worst
+with the last sections cut short.
 
 Adding a section is one line in ``SECTIONS``: a name, ``"module:function"`` (the function takes a
 ``gpu_sections.Context`` and returns a JSON-able dict), a timeout, the packages it needs and whether
@@ -107,7 +107,7 @@ SECTIONS: list[Section] = [
     Section("triton_d64", "selfattn_lite.gpu_sections:triton_d64", 80, needs=("triton",), quick=True),
     Section("triton_d128", "selfattn_lite.gpu_sections:triton_d128", 80, needs=("triton",), quick=True),
     Section("tiled", "selfattn_lite.gpu_sections:tiled", 25, quick=True),
-    Section("tests", "selfattn_lite.gpu_report:package_tests", 120, needs=TESTS),
+    Section("tests", "selfattn_lite.gpu_report:package_tests", 150, needs=TESTS),
     Section("nb01", "selfattn_lite.gpu_sections:nb01", 30),
     Section("nb02", "selfattn_lite.gpu_sections:nb02", 30),
     Section("nb03", "selfattn_lite.gpu_sections:nb03", 30),
@@ -240,8 +240,16 @@ TEST_FILES = {"tests/test_bench.py": (), "tests/test_devices.py": (), "tests/tes
               "tests/test_efficient.py": (), "tests/test_efficient_half.py": (), "tests/test_kv_cache.py": (),
               "tests/test_models.py": (), "tests/test_multihead.py": (), "tests/test_masks.py": (),
               "tests/test_positions.py": ("transformers",)}
-# single tests that need more than their file does: deselected where those packages are missing
-TEST_NEEDS = {"tests/test_devices.py::test_explore_moves_token_ids_to_the_models_device": MINILM}
+# single tests that need more than their file does (the MiniLM, the widgets): deselected where a package is missing
+TEST_NEEDS = {"tests/test_devices.py::test_explore_moves_token_ids_to_the_models_device": MINILM,
+              **{node: ("ipywidgets",) for node in [
+                  "tests/test_efficient.py::test_tile_widget_follows_its_controls",
+                  "tests/test_kv_cache.py::test_calculator_widget_follows_its_controls",
+                  "tests/test_kv_cache.py::test_head_sharing_widget_measures_kv_caches",
+                  "tests/test_multihead.py::test_head_grid_and_head_widget",
+                  "tests/test_multihead.py::test_head_views_bad_input",
+                  "tests/test_masks.py::test_mask_widget_controls_change_mask_and_weights",
+                  "tests/test_masks.py::test_mask_widget_bad_input"]}}
 DRY_RUN_TESTS = {"tests/test_bench.py": (), "tests/test_devices.py": (), "tests/test_positions.py": ("transformers",)}
 DRY_RUN_SELECT = ["-k", "ulp_of_bf16 or sinusoidal or explore_moves"]
 # pytest without the project's addopts (they name xdist and nbval, which the GPU machine may lack) and
@@ -394,11 +402,24 @@ def run_report(out: str | Path, *, dry_run: bool, sections: list[Section] | None
             continue
         echo(f"{section.name:<12} {status:<8} {entry['seconds']:>7.1f} s" + (f"  {error.splitlines()[0]}" if error
                                                                              else ""))
-        for what, why in skipped.items():                                 # a part left out: one line each
-            echo(f"{section.name:<12} skipped  {what}: {why}")
+        if skipped:                                                       # parts left out: one line
+            echo(f"{section.name:<12} skipped  {_skipped_line(skipped)}")
     write_summary(out, report)
     echo(f"summary: {out / 'SUMMARY.md'}")
     return report
+
+
+def _skipped_line(skipped: dict) -> str:
+    """One line for a section's parts left out, grouped by reason (the names are in its JSON)."""
+    by_reason = {}
+    for what, why in skipped.items():
+        by_reason.setdefault(why, []).append(what)
+    parts = []
+    for why, whats in by_reason.items():
+        label = whats[0] if len(whats) == 1 and "::" not in whats[0] else \
+            f"{len(whats)} test{'s' if len(whats) > 1 else ''}"
+        parts.append(f"{label}: {why}")
+    return "; ".join(parts)
 
 
 def _run_isolated(section: Section, out: Path, cmd: list[str], env: dict, timeout_s: float) -> tuple[str, str | None]:

@@ -293,7 +293,8 @@ def test_the_cuda_clock_synchronizes_without_torch_utils_benchmark(monkeypatch):
     """A GPU timing waits for the device, and needs no setuptools (which torch.utils.benchmark imports and a
     bare GPU machine's Python may lack): the clock synchronizes the device itself."""
     calls = []
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda *args: calls.append(args))
+    synchronizes = torch.accelerator if hasattr(getattr(torch, "accelerator", None), "synchronize") else torch.cuda
+    monkeypatch.setattr(synchronizes, "synchronize", lambda *args: calls.append(args))
     monkeypatch.setitem(sys.modules, "torch.utils.benchmark", None)     # importing it would now fail
     clock = bench._clock(torch.device("cuda"))
     assert isinstance(clock(), float) and len(calls) == 1

