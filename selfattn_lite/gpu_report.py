@@ -324,10 +324,11 @@ def run_section(section: Section, out: Path, *, dry_run: bool) -> dict:
     start = time.perf_counter()
     try:
         record["result"] = getattr(importlib.import_module(module), name)(ctx)
-        check = record["result"].get("fp32_check") if isinstance(record["result"], dict) else None
-        record["status"] = "ok" if check is None or check.get("passed", True) else "failed"
-        if record["status"] == "failed":
-            record["error"] = "an output is further from the float32 reference than the bound (see fp32_check)"
+        result = record["result"] if isinstance(record["result"], dict) else {}
+        failed = [name for name in ("fp32_check", "float64_check") if not result.get(name, {}).get("passed", True)]
+        record["status"] = "failed" if failed else "ok"
+        if failed:
+            record["error"] = f"an output is further from its reference than the bound (see {failed[0]})"
     except Exception as err:                              # recorded, never lost: the runner goes on
         record.update(status="failed", error=f"{type(err).__name__}: {err}", traceback=traceback.format_exc()[-4000:])
     record["seconds"] = time.perf_counter() - start

@@ -364,7 +364,18 @@ def _kernel_rows(ctx: Context, impls: dict, *, D: int, notebook: dict) -> dict:
                                  err_ulps=errors[what], backend=backend[what] if name == "torch SDPA" else None))
             del t["out"], t["grads"]
         ctx.checkpoint(dict(summary_rows=rows))
-    return dict(summary_rows=rows, sizes=dict(sizes, D=D, dtype="bfloat16"), peak=bench.describe_peak(ctx.device))
+    return dict(summary_rows=rows, sizes=dict(sizes, D=D, dtype="bfloat16"), peak=bench.describe_peak(ctx.device),
+                float64_check=_float64_check(rows))
+
+
+def _float64_check(rows: list[dict]) -> dict:
+    """Every kernel's error against float64 within max(DEFAULT_ULPS, 2 x SDPA's error) for the same pass
+    and mask: a kernel as exact as torch's passes; a wrong mask or a lost rescale (hundreds of ulps) fails."""
+    sdpa = {r["what"]: r["err_ulps"] for r in rows if r["impl"] == "torch SDPA"}
+    bounds = {what: max(bench.DEFAULT_ULPS[DTYPE], 2 * err) for what, err in sdpa.items()}
+    over = [f"{r['impl']} {r['what']}: {r['err_ulps']:.1f} ulps > {bounds[r['what']]:.1f}" for r in rows
+            if r["err_ulps"] > bounds[r["what"]]]
+    return dict(reference="float64, same rounded inputs", bound_ulps=bounds, over=over, passed=not over)
 
 
 def _triton(ctx: Context, D: int) -> dict:

@@ -135,7 +135,9 @@ def test_part_two_sections_run_their_benchmarks(dry_run):
                                            ("tiled", "tiled (flash_attention)")])
 def test_kernel_sections_time_forward_and_backward_against_sdpa_with_float64_errors(dry_run, section, impl):
     out, *_ = dry_run
-    rows = json.loads((out / "dry-run" / f"{section}.json").read_text())["result"]["summary_rows"]
+    result = json.loads((out / "dry-run" / f"{section}.json").read_text())["result"]
+    rows = result["summary_rows"]
+    assert result["float64_check"]["passed"] and set(result["float64_check"]["bound_ulps"]) == {r["what"] for r in rows}
     keys = {(r["impl"], r["what"]) for r in rows}
     assert keys == {(i, w + c) for i in ("torch SDPA", impl) for w in ("forward", "backward")
                     for c in ("", ", causal")}
@@ -171,6 +173,16 @@ def test_the_summary_table_holds_every_row_and_the_notebooks_read_it(dry_run, tm
         path = next((ROOT / "notebooks").glob(f"{number}_*.ipynb"))
         code = "".join("".join(c["source"]) for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code")
         assert f'gpu_report.show("nb{number}")' in code, path.name
+
+
+def test_a_kernel_far_from_float64_fails_its_section():
+    from selfattn_lite.gpu_sections import _float64_check
+
+    rows = [dict(impl="torch SDPA", what="forward", err_ulps=1.5), dict(impl="ours", what="forward", err_ulps=7.0)]
+    assert _float64_check(rows)["passed"]
+    rows[1]["err_ulps"] = 300.0                                           # a wrong mask, a lost rescale
+    check = _float64_check(rows)
+    assert not check["passed"] and check["over"] == ["ours forward: 300.0 ulps > 8.0"]
 
 
 def test_quick_runs_the_quick_sections_within_four_minutes_of_timeouts(tmp_path):
