@@ -219,13 +219,20 @@ def calibrate(ctx) -> dict:
     import torch
 
     from . import bench
+    from .presets import format_bytes
 
     n, nbytes = ctx.pick(8192, 256), ctx.pick(2 * 2**30, 8 * 2**20)
     gemm, copy = _time_gemm(ctx, n), _time_copy(ctx, nbytes)
     tflops = 2 * n**3 / gemm.median / 1e12
     gbs = 2 * nbytes / copy.median / 1e9                     # each byte read once and written once
     peak, bandwidth = bench.peak_tflops(ctx.device, torch.bfloat16), bench.peak_bandwidth_gbs(ctx.device)
-    return dict(gemm=dict(n=n, dtype="bfloat16", median_s=gemm.median, min_s=gemm.min, spread_s=gemm.spread,
+    summary = [dict(notebook="", what="calibration: GEMM", impl="a @ b", shape=f"{n}x{n} @ {n}x{n}", dtype="bfloat16",
+                    ms=1e3 * gemm.median, tflops=tflops, peak_share=None if peak is None else tflops / peak),
+               dict(notebook="", what="calibration: copy", impl="dst.copy_(src)", shape=format_bytes(nbytes),
+                    dtype="uint8", ms=1e3 * copy.median, gb_per_s=gbs,
+                    peak_share=None if bandwidth is None else gbs / bandwidth)]
+    return dict(summary_rows=summary,
+                gemm=dict(n=n, dtype="bfloat16", median_s=gemm.median, min_s=gemm.min, spread_s=gemm.spread,
                           tflops=tflops, tflops_at_min=2 * n**3 / gemm.min / 1e12, published_tflops=peak,
                           share_of_published=None if peak is None else tflops / peak),
                 copy=dict(bytes=nbytes, median_s=copy.median, min_s=copy.min, gb_per_s=gbs,
@@ -443,8 +450,9 @@ def _run_isolated(section: Section, out: Path, cmd: list[str], env: dict, timeou
 
 # --------------------------------------------------------------------------------------------- summary
 SUMMARY_COLUMNS = [("notebook", "nb"), ("what", "what"), ("impl", "implementation"), ("shape", "shape"),
-                   ("dtype", "dtype"), ("ms", "ms"), ("tflops", "TFLOP/s"), ("peak_share", "% of peak"),
-                   ("vs_sdpa", "time / SDPA's"), ("err_ulps", "err vs float64 (ulps)"), ("backend", "SDPA backend")]
+                   ("dtype", "dtype"), ("ms", "ms"), ("tflops", "TFLOP/s"), ("gb_per_s", "GB/s"),
+                   ("peak_share", "% of peak"), ("vs_sdpa", "time / SDPA's"), ("err_ulps", "err vs float64 (ulps)"),
+                   ("backend", "SDPA backend")]
 
 
 def _cell(key: str, value) -> str:
@@ -452,8 +460,8 @@ def _cell(key: str, value) -> str:
         return "-"
     if key == "peak_share":
         return f"{100 * value:.0f}%"
-    if key in ("ms", "tflops", "vs_sdpa", "err_ulps") and isinstance(value, (int, float)):
-        return f"{value:.3g}" if key != "tflops" else f"{value:.1f}"
+    if key in ("ms", "tflops", "gb_per_s", "vs_sdpa", "err_ulps") and isinstance(value, (int, float)):
+        return f"{value:.1f}" if key in ("tflops", "gb_per_s") else f"{value:.3g}"
     return str(value)
 
 
