@@ -4,7 +4,11 @@
 #   make student  write student notebooks (solutions removed) to student/
 #   make figures  regenerate figures/ from the package
 #   make notebooks  re-execute every notebook in place (after changing code)
-#   make gpu-report  time and check everything on a CUDA GPU into figures/gpu/ (~6 min; a dry run without one)
+#   make notebooks-portable  the notebooks under strict nbval with other CPU settings (no SIMD, AVX2, 1 thread)
+#   make gpu-report  time and check everything on a CUDA GPU into figures/gpu/ (< 8 min; a dry run without one)
+#                 offline GPU machine, its own python3, no install, the key numbers in < 4 min:
+#                   PYTHONPATH=. python3 -m selfattn_lite.course.gpu_report --quick
+#                 (= make gpu-report PYTHON=python3 INSTALL=no GPU_REPORT_ARGS=--quick)
 #   make assignments  nbgrader course in assignments/ (source/ with grading metadata, release/)
 #   make site     the course as an offline static website in _site/html (open index.html)
 #   make explorer the live attention explorer as a Voila app
@@ -24,7 +28,7 @@ PYTEST_ARGS ?=
 # Idle OpenMP threads sleep instead of spinning: fair timings on a shared or busy CPU.
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: install lab test student figures notebooks gpu-report assignments site explorer badges clean
+.PHONY: install lab test student figures notebooks notebooks-portable gpu-report assignments site explorer badges clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -53,8 +57,19 @@ notebooks: install
 	cd notebooks && for nb in [0-9][0-9]_*.ipynb; do \
 		../$(PY) -m jupyter nbconvert --to notebook --execute --inplace "$$nb" || exit 1; done
 
-gpu-report: install
-	$(PY) -m selfattn_lite.course.gpu_report --out figures/gpu $(GPU_REPORT_ARGS)
+# The notebooks under strict nbval as other CPUs compute them: torch's generic kernels (no SIMD),
+# AVX2 kernels (most laptops; this runs wherever the CPU has AVX2), and one thread. A committed output
+# that rounding decides (an ulp-level error, the last digits of a threaded sum) differs under one of them.
+PORTABLE_SETTINGS ?= ATEN_CPU_CAPABILITY=default ATEN_CPU_CAPABILITY=avx2 OMP_NUM_THREADS=1
+notebooks-portable: install
+	for setting in $(PORTABLE_SETTINGS); do echo "== notebooks with $$setting"; \
+		env $$setting $(PY) -m pytest notebooks/ $(PYTEST_ARGS) || exit 1; done
+
+# INSTALL=no: run with $(PYTHON) as it is, no venv, no pip (the offline GPU machine's own python3).
+INSTALL ?= yes
+REPORT_PY := $(if $(filter no,$(INSTALL)),$(PYTHON),$(PY))
+gpu-report: $(if $(filter no,$(INSTALL)),,install)
+	PYTHONPATH=.$(if $(PYTHONPATH),:$(PYTHONPATH)) $(REPORT_PY) -m selfattn_lite.course.gpu_report --out figures/gpu $(GPU_REPORT_ARGS)
 
 assignments: install
 	$(PY) -m selfattn_lite.course.assignments notebooks assignments

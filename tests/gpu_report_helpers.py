@@ -1,4 +1,5 @@
-"""Sections for tests/course/test_gpu_report.py: one that fails, one that hangs (targets "tests.gpu_report_helpers:...")."""
+"""Sections for tests/course/test_gpu_report.py: one that fails, one that hangs, one that saves rows and then hangs
+(targets "tests.gpu_report_helpers:...")."""
 
 import time
 
@@ -13,3 +14,8 @@ def hangs(ctx):
 
 def works(ctx):
     return dict(device=str(ctx.device), tiny=ctx.tiny)
+
+
+def checkpoints_then_hangs(ctx):
+    ctx.checkpoint(dict(summary_rows=[dict(notebook="15", what="forward", impl="measured before the hang")]))
+    time.sleep(600)

@@ -324,17 +324,22 @@ SDPA_OPS = {
 }
 
 
-def sdpa_backends(fn: Callable[[], object]) -> list[str]:
+def sdpa_backends(fn: Callable[[], object], *, grad: bool = False) -> list[str]:
     """The SDPA backends one call of ``fn()`` ran, in order of first use ([] if it called no SDPA).
 
     Runs ``fn`` once under ``torch.profiler`` (CPU activity: the aten ops are recorded on the
     host for every device) and reads the fused op each ``scaled_dot_product_attention`` became.
+    Under ``torch.no_grad()``, unless ``grad``: a forward that records a graph for a backward
+    may pick another backend (not every fused kernel has a backward for every input).
     """
+    from contextlib import nullcontext
+
     from torch.profiler import ProfilerActivity, profile
 
     from .memory import quiet_stderr
 
-    with torch.no_grad(), quiet_stderr(), profile(activities=[ProfilerActivity.CPU]) as prof:
+    with nullcontext() if grad else torch.no_grad(), quiet_stderr(), \
+            profile(activities=[ProfilerActivity.CPU]) as prof:
         fn()
     found = []
     for event in prof.events():
@@ -371,21 +376,33 @@ class Timing:
         return max(self.samples) - min(self.samples)
 
 
+def _synchronize(device: torch.device) -> None:
+    """Wait for the work queued on ``device`` (torch.accelerator where torch has it, >= 2.6)."""
+    accelerator = getattr(torch, "accelerator", None)
+    if hasattr(accelerator, "synchronize"):
+        accelerator.synchronize()
+    elif device.type == "mps":
+        torch.mps.synchronize()
+    else:
+        torch.cuda.synchronize()
+
+
 def _clock(device: torch.device | None) -> Callable[[], float]:
-    """The clock a timing reads: ``torch.utils.benchmark.timer`` for work on an accelerator (it
-    synchronizes the current device, one per process in this course, then reads the time), the
-    plain ``timeit`` clock for CPU work (as torch's docs advise: nothing to wait for).
+    """The clock a timing reads: on an accelerator, synchronize the device, then read ``timeit``'s
+    clock (what ``torch.utils.benchmark.timer`` does; written out because importing
+    ``torch.utils.benchmark`` needs setuptools, which a bare GPU machine's Python may lack); for CPU
+    work, the plain ``timeit`` clock (as torch's docs advise: nothing to wait for).
     Device unknown: synchronize a GPU only if one is in use."""
     if device is None:
-        on_accelerator = torch.cuda.is_available() and torch.cuda.is_initialized()
-    else:
-        on_accelerator = device.type not in ("cpu", "meta")
-    if not on_accelerator:
+        device = torch.device("cuda") if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    if device is None or device.type in ("cpu", "meta"):
         return timeit.default_timer
-    # imported here, not at the top: it imports setuptools (a quarter of a second)
-    from torch.utils import benchmark
 
-    return benchmark.timer
+    def clock() -> float:
+        _synchronize(device)
+        return timeit.default_timer()
+
+    return clock
 
 
 def time_stats(fn: Callable[[], object], *, device: torch.device | str | None = None, warmup: int = 2,

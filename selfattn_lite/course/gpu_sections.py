@@ -18,6 +18,7 @@ With ``ctx.tiny`` (the dry run on a CPU) the same code runs at sizes that take m
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import torch
@@ -27,7 +28,8 @@ from torch import nn
 from ..attention import scaled_dot_product_attention as explicit_sdpa
 from . import bench
 
-__all__ = ["Context", "row_dicts", "nb01", "nb02", "nb03", "nb04", "nb05", "nb06", "nb07", "nb08", "nb09", "nb10"]
+__all__ = ["Context", "row_dicts", "triton_d64", "triton_d128", "tiled", "nb01", "nb02", "nb03", "nb04", "nb05",
+           "nb06", "nb07", "nb08", "nb09", "nb10", "nb11"]
 
 DTYPE = torch.bfloat16
 FP32 = torch.float32
@@ -35,11 +37,14 @@ FP32 = torch.float32
 
 @dataclass
 class Context:
-    """Where and how big: ``tiny`` picks the dry-run sizes; ``budget_s`` is per timed row."""
+    """Where and how big: ``tiny`` picks the dry-run sizes; ``budget_s`` is per timed row; ``timeout_s``
+    is the section's; ``checkpoint(result)`` saves the rows measured so far (kept if the section times out)."""
 
     device: torch.device
     tiny: bool
     budget_s: float = 0.3
+    timeout_s: float = 600.0
+    checkpoint: Callable[[dict], None] = lambda result: None
 
     def pick(self, full, tiny):
         return tiny if self.tiny else full
@@ -291,14 +296,115 @@ def nb11(ctx: Context) -> dict:
     return dict(records=records, config=dict(B=B, H=H, D=D, dtype="bfloat16", ns=ns))
 
 
-def nb15(ctx: Context) -> dict:
-    """Notebook 15's Triton kernel against SDPA (forward, forward + backward; causal and not) and the goal
-    read off at n = 4096, h = 16, d = 128. Without Triton (not Linux) the section says so."""
+# --------------------------------------------------------------------------------------------- quick: kernels vs SDPA
+# The sizes of the quick report's kernel comparison (issue: B = 4, H = 16, N = 4096, bf16, causal and not).
+KERNEL_SIZES = dict(B=4, H=16, N=4096)
+TINY_KERNEL_SIZES = dict(B=1, H=2, N=64)
+
+
+def _sdpa(q, k, v, is_causal):
+    return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
+
+
+def _timed_pair(ctx: Context, fn, q, k, v, d_out, is_causal: bool) -> dict:
+    """Forward and backward of ``fn(q, k, v, is_causal)`` timed apart, with their outputs.
+
+    The backward is timed alone: one forward keeps its graph, then ``torch.autograd.grad`` runs
+    on it again and again (``retain_graph``), each time computing dq, dk, dv.
+    """
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    repeats = ctx.pick(dict(warmup=2, repeat=5), dict(warmup=0, repeat=1, number=1))   # dry run: 2 calls each
+    with torch.no_grad():
+        fwd = bench.time_stats(lambda: fn(q, k, v, is_causal), device=ctx.device, budget_s=ctx.budget_s, **repeats)
+    out = fn(q, k, v, is_causal)
+    grads = torch.autograd.grad(out, (q, k, v), d_out, retain_graph=True)
+    bwd = bench.time_stats(lambda: torch.autograd.grad(out, (q, k, v), d_out, retain_graph=True),
+                           device=ctx.device, budget_s=ctx.budget_s, **repeats)
+    return dict(fwd=fwd.median, bwd=bwd.median, out=out.detach(), grads=grads)
+
+
+def _float64_reference(q, k, v, d_out, is_causal: bool, batch: slice):
+    """Output and gradients in float64 from the same (rounded) inputs, on ``batch`` of the batch
+    (each batch element is independent: its rows of a full run are compared with it)."""
+    q, k, v = (t[batch].double().requires_grad_() for t in (q, k, v))
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
+    grads = torch.autograd.grad(out, (q, k, v), d_out[batch].double())
+    return out.detach(), grads
+
+
+def _kernel_rows(ctx: Context, impls: dict, *, D: int, notebook: dict) -> dict:
+    """Every implementation in ``impls`` (name -> fn(q, k, v, is_causal)) against torch SDPA at
+    ``KERNEL_SIZES`` and head size D, bf16, causal and not: summary rows with time, TFLOP/s, share
+    of peak, time / SDPA's, error against float64 in bf16 ulps, and the SDPA backend that ran."""
+    sizes = TINY_KERNEL_SIZES if ctx.tiny else KERNEL_SIZES
+    B, H, N = sizes["B"], sizes["H"], sizes["N"]
+    q, k, v, d_out = _inputs(ctx, *[(B, H, N, D)] * 4)
+    peak = bench.peak_tflops(ctx.device, DTYPE)
+    shape = f"B={B} H={H} N={N} d={D}"
+    rows = []
+    for is_causal in (False, True):
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        backend = dict(forward=", ".join(bench.sdpa_backends(lambda: _sdpa(q, k, v, is_causal))) or None,
+                       backward=", ".join(bench.sdpa_backends(lambda: _sdpa(*leaves, is_causal), grad=True)) or None)
+        ref_out, ref_grads = _float64_reference(q, k, v, d_out, is_causal, slice(0, 1))
+        fwd_flops = bench.attention_flops(B, H, N, N, D, causal=is_causal)
+        timed = {}
+        for name, fn in {"torch SDPA": _sdpa, **impls}.items():
+            timed[name] = t = _timed_pair(ctx, fn, q, k, v, d_out, is_causal)
+            errors = dict(forward=bench.error_ulps(t["out"][:1], ref_out, DTYPE),
+                          backward=max(bench.error_ulps(g[:1], r, DTYPE) for g, r in zip(t["grads"], ref_grads)))
+            for what in ("forward", "backward"):
+                seconds = t["fwd" if what == "forward" else "bwd"]
+                flops = fwd_flops * (1.0 if what == "forward" else 2.5)   # the backward: 5 matmuls to the forward's 2
+                tflops = flops / seconds / 1e12
+                rows.append(dict(notebook=notebook[what], what=f"{what}{', causal' if is_causal else ''}", impl=name,
+                                 shape=shape, dtype="bfloat16", is_causal=is_causal, ms=1e3 * seconds, tflops=tflops,
+                                 peak_share=None if peak is None else tflops / peak,
+                                 vs_sdpa=seconds / timed["torch SDPA"]["fwd" if what == "forward" else "bwd"],
+                                 err_ulps=errors[what], backend=backend[what] if name == "torch SDPA" else None))
+            del t["out"], t["grads"]
+        ctx.checkpoint(dict(summary_rows=rows))
+    return dict(summary_rows=rows, sizes=dict(sizes, D=D, dtype="bfloat16"), peak=bench.describe_peak(ctx.device),
+                float64_check=_float64_check(rows))
+
+
+def _float64_check(rows: list[dict]) -> dict:
+    """Every kernel's error against float64 within max(DEFAULT_ULPS, 2 x SDPA's error) for the same pass
+    and mask: a kernel as exact as torch's passes; a wrong mask or a lost rescale (hundreds of ulps) fails."""
+    sdpa = {r["what"]: r["err_ulps"] for r in rows if r["impl"] == "torch SDPA"}
+    bounds = {what: max(bench.DEFAULT_ULPS[DTYPE], 2 * err) for what, err in sdpa.items()}
+    over = [f"{r['impl']} {r['what']}: {r['err_ulps']:.1f} ulps > {bounds[r['what']]:.1f}" for r in rows
+            if r["err_ulps"] > bounds[r["what"]]]
+    return dict(reference="float64, same rounded inputs", bound_ulps=bounds, over=over, passed=not over)
+
+
+def _triton(ctx: Context, D: int) -> dict:
     from .. import triton_attention
 
-    if not triton_attention.available():
-        return dict(skipped="Triton is not installed (Linux-only extra `triton`)")
-    ns, head_dims, H = ctx.pick(((1024, 2048, 4096), (64, 128), 16), ((32,), (16,), 2))
-    records = triton_attention.benchmark(ctx.device, B=1, H=H, ns=ns, head_dims=head_dims, budget_s=ctx.budget_s)
-    goal = triton_attention.summarize(records, n=ns[-1], D=head_dims[-1])
-    return dict(records=records, goal=goal, config=dict(B=1, H=H, ns=list(ns), head_dims=list(head_dims)))
+    def triton_fa(q, k, v, is_causal):
+        return triton_attention.flash_attention(q, k, v, is_causal=is_causal)
+
+    return _kernel_rows(ctx, {"Triton flash_attention": triton_fa}, D=ctx.pick(D, D // 4),
+                        notebook=dict(forward="15", backward="11,15"))
+
+
+def triton_d64(ctx: Context) -> dict:
+    """Notebook 15's Triton kernel (forward, autograd backward) against SDPA, d = 64 (16 in a dry run)."""
+    return _triton(ctx, 64)
+
+
+def triton_d128(ctx: Context) -> dict:
+    """Notebook 15's Triton kernel (forward, autograd backward) against SDPA, d = 128 (32 in a dry run)."""
+    return _triton(ctx, 128)
+
+
+def tiled(ctx: Context) -> dict:
+    """Notebook 08's tiled kernel (``efficient.flash_attention``, plain PyTorch; its backward is notebook 11's)
+    against SDPA, d = 128 (16 in a dry run)."""
+    from ..efficient import flash_attention
+
+    def tiled_fa(q, k, v, is_causal):
+        return flash_attention(q, k, v, is_causal=is_causal)
+
+    return _kernel_rows(ctx, {"tiled (flash_attention)": tiled_fa}, D=ctx.pick(128, 16),
+                        notebook=dict(forward="08", backward="11"))

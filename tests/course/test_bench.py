@@ -6,6 +6,7 @@ the CPU with stand-ins for torch's functions.
 """
 
 import math
+import sys
 import timeit
 
 import pytest
@@ -292,3 +293,15 @@ def test_causal_keyword_is_the_deprecated_name_of_is_causal():
     with pytest.warns(DeprecationWarning, match="causal= is deprecated"):
         old = bench.attention_flops(1, 2, 64, 64, 16, causal=True)
     assert old == bench.attention_flops(1, 2, 64, 64, 16, is_causal=True) == 4 * 2 * 64 * 64 * 16 / 2
+
+
+def test_the_cuda_clock_synchronizes_without_torch_utils_benchmark(monkeypatch):
+    """A GPU timing waits for the device, and needs no setuptools (which torch.utils.benchmark imports and a
+    bare GPU machine's Python may lack): the clock synchronizes the device itself."""
+    calls = []
+    synchronizes = torch.accelerator if hasattr(getattr(torch, "accelerator", None), "synchronize") else torch.cuda
+    monkeypatch.setattr(synchronizes, "synchronize", lambda *args: calls.append(args))
+    monkeypatch.setitem(sys.modules, "torch.utils.benchmark", None)     # importing it would now fail
+    clock = bench._clock(torch.device("cuda"))
+    assert isinstance(clock(), float) and len(calls) == 1
+    assert bench._clock(torch.device("cpu")) is timeit.default_timer
