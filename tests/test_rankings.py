@@ -1,0 +1,86 @@
+"""Every ranking that notebooks 11 and 12 claim is backed by a margin larger than its printed spread.
+
+Recomputed here from the shipped records (``selfattn_lite/data/context_eval.json`` and the tiny models'
+JSON training records), with plain tensor arithmetic rather than the helpers the notebooks use:
+
+* notebook 12, paired over the evaluation windows: the mean of the per-window differences must exceed
+  their standard deviation for a ranking ("<" or ">"), and must not for a pair the notebook calls
+  "indistinguishable here" ("~");
+* notebook 11, over the training seeds: the difference of the means must exceed the sum of the two
+  standard deviations (the error bars do not overlap) for a ranking, and must not for "~".
+"""
+
+import json
+
+import pytest
+import torch
+
+from selfattn_lite import context_eval
+
+RESULTS = json.loads(context_eval.RESULTS_FILE.read_text())
+INSIDE = RESULTS["trained_len"] // RESULTS["bucket"]          # buckets inside the trained length
+PARTS = {"first_512": slice(0, INSIDE), "past_512": slice(INSIDE, None),
+         "512-1024": slice(INSIDE, 1024 // RESULTS["bucket"]), "past_1280": slice(1280 // RESULTS["bucket"], None)}
+
+
+def per_window(method: str, part: str) -> torch.Tensor:
+    """(n,) the method's mean loss on each window over the buckets of ``part``."""
+    buckets = torch.tensor(RESULTS["loss"][method]["per_window_bucket"], dtype=torch.float64)   # (n, 8)
+    return buckets[:, PARTS[part]].mean(-1)
+
+
+# (method a, part of a, method b, part of b, claim): "<" a ranked below b, ">" above, "~" indistinguishable
+NB12_LOSS_CLAIMS = [
+    ("none", "past_512", "none", "first_512", ">"),           # 1. no scaling breaks past 512
+    ("yarn", "past_512", "ntk", "past_512", "<"),             # 2. the zero-shot order, step by step
+    ("ntk", "past_512", "llama3", "past_512", "<"),
+    ("llama3", "past_512", "none", "past_512", "<"),
+    ("none", "past_512", "pi", "past_512", "<"),
+    ("pi", "first_512", "none", "first_512", ">"),            #    PI hurts even inside 512
+    ("ntk", "past_1280", "ntk", "512-1024", ">"),             # 3. NTK-aware rises past 1280
+    ("yarn", "past_1280", "yarn", "512-1024", "~"),           #    YaRN does not
+    ("pi_ft", "past_512", "pi", "past_512", "<"),             # 4. fine-tuning helps both
+    ("yarn_ft", "past_512", "yarn", "past_512", "<"),
+    ("pi_ft", "past_512", "yarn_ft", "past_512", ">"),        #    PI's still far above YaRN's
+    ("alibi", "past_512", "alibi", "first_512", "~"),         # ALiBi 1. flat
+    *[("alibi", "past_512", m, "past_512", "<") for m in context_eval.ZERO_SHOT],   # 2. beats every zero-shot
+    ("alibi", "past_512", "yarn_ft", "past_512", "~"),        # 3. against fine-tuned YaRN
+    ("none", "first_512", "alibi", "first_512", "~"),         # 4. RoPE against ALiBi inside 512
+]
+
+
+def verdict(mean: float, spread: float) -> str:
+    if abs(mean) <= spread:
+        return "~"
+    return "<" if mean < 0 else ">"
+
+
+@pytest.mark.parametrize("a, a_part, b, b_part, claim", NB12_LOSS_CLAIMS,
+                         ids=lambda x: x if isinstance(x, str) else None)
+def test_nb12_loss_rankings_are_larger_than_the_window_spread(a, a_part, b, b_part, claim):
+    diffs = per_window(a, a_part) - per_window(b, b_part)   # paired: the same windows
+    mean, sd = diffs.mean().item(), diffs.std().item()
+    assert verdict(mean, sd) == claim, f"{a} {a_part} - {b} {b_part}: {mean:+.3f} ± {sd:.3f}, notebook says {claim}"
+    got = context_eval.paired_difference(per_window(a, a_part), per_window(b, b_part))   # what the notebook prints
+    assert got["mean"] == pytest.approx(mean) and got["sd"] == pytest.approx(sd)
+    assert context_eval.is_ranked(got["mean"], got["sd"]) == (claim != "~")
+
+
+def test_window_losses_are_the_saved_means():
+    for method in RESULTS["loss"]:
+        for part in ("first_512", "past_512"):
+            got = context_eval.window_losses(RESULTS, method, part)
+            assert torch.equal(got, per_window(method, part))
+            assert got.mean().item() == pytest.approx(RESULTS["loss"][method][part], abs=1e-4)
+
+
+def test_paired_difference_and_is_ranked():
+    d = context_eval.paired_difference(torch.tensor([1.0, 2.0, 3.0]), torch.tensor([0.0, 0.0, 0.0]))
+    assert d["mean"] == pytest.approx(2.0) and d["sd"] == pytest.approx(1.0) and d["n"] == 3
+    assert context_eval.is_ranked(2.0, 1.0) and not context_eval.is_ranked(-1.0, 1.0)
+    with pytest.raises(ValueError, match="n >= 2"):
+        context_eval.paired_difference(torch.tensor([1.0]), torch.tensor([2.0]))
+    with pytest.raises(ValueError, match=r"\(3,\) and \(2,\)"):
+        context_eval.paired_difference(torch.zeros(3), torch.zeros(2))
+    with pytest.raises(ValueError, match="part must be"):
+        context_eval.window_losses(RESULTS, "none", "middle")
