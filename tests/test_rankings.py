@@ -118,3 +118,23 @@ def test_nb11_the_order_of_the_variants_changes_with_the_seed():
     orders = {tuple(losses[:, k].argsort().tolist()) for k in range(len(SEEDS))}
     assert len(orders) > 1                                                     # what notebook 11 asserts
     assert any(order[-1] != list(STEMS).index("MQA") for order in orders)     # MQA not the worst every time
+
+
+# ------------------------------------------------------------------ notebook 12: attention entropy
+ENTROPY = {key: torch.tensor(RESULTS["entropy"]["per_window"][key], dtype=torch.float64)   # (lengths, windows)
+           for key in ("none", "yarn", "yarn_no_temperature")}
+
+
+def test_nb12_entropy_claims_are_larger_than_their_spread():
+    lengths = RESULTS["entropy"]["lengths"]
+    for key, rows in ENTROPY.items():                                  # the saved means are the windows' means
+        assert rows.mean(1).tolist() == pytest.approx(RESULTS["entropy"][key], abs=1e-4)
+    none = ENTROPY["none"]                                             # 1. grows up to 1024, then indistinguishable
+    steps = [verdict((none[k + 1].mean() - none[k].mean()).item(), (none[k + 1].std() + none[k].std()).item())
+             for k in range(len(lengths) - 1)]
+    assert steps == [">", ">", ">", "~"] and lengths[-2:] == [1024, 2048]
+    for k in range(len(lengths)):                                      # 2. the temperature sharpens, paired
+        diffs = ENTROPY["yarn"][k] - ENTROPY["yarn_no_temperature"][k]
+        assert verdict(diffs.mean().item(), diffs.std().item()) == "<"
+    diffs = ENTROPY["yarn"][-1] - ENTROPY["none"][-1]                  # 3. YaRN vs none at 2048
+    assert verdict(diffs.mean().item(), diffs.std().item()) == "~"
