@@ -1,11 +1,13 @@
 """Graph attention (GAT, Veličković et al., 2018): additive scores over a graph's edges.
 
-A GAT head scores the edge i <- j with a small *additive* network (Bahdanau-style), not with a
-scaled dot product:
+A GAT head scores the edge i <- j *additively*, not with a scaled dot product:
 
-    e_ij = LeakyReLU(a^T [W h_i || W h_j]) = LeakyReLU(att_dst . W h_i + att_src . W h_j),
+    e_ij = LeakyReLU(a^T [W h_i || W h_j]) = LeakyReLU(att_dst . W h_i + att_src . W h_j).
 
-where a = [att_dst || att_src] splits into the part that reads the receiving node i and the part
+This is not Bahdanau et al.'s additive score v^T tanh(W s_i + U h_j), which applies the nonlinearity
+before the last projection v; GAT applies it after a, so every node ranks its neighbours in the same
+order (static attention, Brody et al. 2022, whose GATv2 restores Bahdanau's order). Here
+a = [att_dst || att_src] splits into the part that reads the receiving node i and the part
 that reads the neighbour j. The scores are normalised with a softmax over the neighbours j of i
 (adj[i, j] True), and node i's output is the weighted sum of its neighbours' W h_j.
 

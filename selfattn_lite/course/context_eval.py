@@ -15,6 +15,11 @@ well each method carries the model past its trained length:
 
 ``attention_entropy`` measures the mean entropy of the attention rows as the context grows,
 for YaRN with and without its attention temperature.
+
+``window_losses`` and ``paired_difference`` read the saved record back window by window: a ranking
+of two methods is claimed only when the mean of their per-window differences is larger than the
+standard deviation of those differences (``is_ranked``); otherwise the notebook says
+"indistinguishable here".
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from ..models import DATA_DIR, CharTokenizer, TinyDecoder, load_text, load_tiny_
 
 __all__ = ["TRAINED_LEN", "TARGET_LEN", "FACTOR", "BUCKET", "ZERO_SHOT", "FINE_TUNED", "ALIBI", "RESULTS_FILE",
            "scalings", "held_out_ids", "eval_windows", "load_method", "loss_per_position", "bucket_means",
-           "attention_entropy", "loss_record", "run"]
+           "attention_entropy", "loss_record", "window_losses", "paired_difference", "is_ranked", "run"]
 
 TRAINED_LEN = 512       # the shipped model's training window
 TARGET_LEN = 2048       # the longer context we ask of it
@@ -137,6 +142,40 @@ def loss_record(method: str, windows: Tensor) -> dict:
     }
 
 
+def window_losses(results: dict, method: str, part: str) -> Tensor:
+    """(n,) float64: one method's mean loss on each window, over ``part`` = "first_512" or "past_512".
+
+    Read back from a saved record (``run``'s dict): the mean of the window's buckets inside
+    (first_512) or past (past_512) the trained length. Every bucket holds the same number of
+    positions, so this is the plain mean over those positions.
+    """
+    per_window = torch.tensor(results["loss"][method]["per_window_bucket"], dtype=torch.float64)   # (n, buckets)
+    inside = results["trained_len"] // results["bucket"]
+    if part == "first_512":
+        return per_window[:, :inside].mean(-1)
+    if part == "past_512":
+        return per_window[:, inside:].mean(-1)
+    raise ValueError(f"part must be 'first_512' or 'past_512', got {part!r}")
+
+
+def paired_difference(a: Tensor, b: Tensor) -> dict:
+    """Paired comparison of two (n,) per-window (or per-seed) measurements, a - b.
+
+    Returns:
+        dict with ``diffs`` (n,), their ``mean``, their standard deviation ``sd`` (n - 1 in the
+        denominator) and ``n``.
+    """
+    if a.shape != b.shape or a.dim() != 1 or len(a) < 2:
+        raise ValueError(f"need two (n,) measurements with n >= 2, got {tuple(a.shape)} and {tuple(b.shape)}")
+    diffs = (a - b).double()
+    return {"diffs": diffs, "mean": diffs.mean().item(), "sd": diffs.std().item(), "n": len(diffs)}
+
+
+def is_ranked(mean: float, spread: float) -> bool:
+    """A difference counts as a ranking only when it is larger than its spread: |mean| > spread."""
+    return abs(mean) > spread
+
+
 def run(n_windows: int | None = None, entropy_lengths=(128, 256, 512, 1024, 2048), entropy_windows: int = 4,
         progress: bool = True) -> dict:
     """Every measurement of notebook 12, as a JSON-ready dict."""
@@ -153,15 +192,20 @@ def run(n_windows: int | None = None, entropy_lengths=(128, 256, 512, 1024, 2048
         out["loss"][method] = loss_record(method, windows)
         if progress:
             print(f"{method:8s} loss by bucket: {out['loss'][method]['bucket']}")
-    entropy = {"lengths": list(entropy_lengths), "none": [], "yarn": [], "yarn_no_temperature": []}
+    keys = ("none", "yarn", "yarn_no_temperature")
+    entropy = {"lengths": list(entropy_lengths), **{key: [] for key in keys},
+               "per_window": {key: [] for key in keys}}
     for n in entropy_lengths:
         w = eval_windows(ids, n, entropy_windows)[:, :n]              # (k, n)
         none = load_tiny_decoder(max_len=n)
         yarn = load_method("yarn", max_len=max(n, TRAINED_LEN))
-        entropy["none"].append(round(attention_entropy(none, w), 5))
-        entropy["yarn"].append(round(attention_entropy(yarn, w), 5))
+        rows = {"none": [attention_entropy(none, w[j:j + 1]) for j in range(len(w))],
+                "yarn": [attention_entropy(yarn, w[j:j + 1]) for j in range(len(w))]}
         yarn.rope.attention_scaling = 1.0                             # the same frequencies, no temperature
-        entropy["yarn_no_temperature"].append(round(attention_entropy(yarn, w), 5))
+        rows["yarn_no_temperature"] = [attention_entropy(yarn, w[j:j + 1]) for j in range(len(w))]
+        for key in keys:                                              # every window has as many rows: mean of means
+            entropy[key].append(round(sum(rows[key]) / len(rows[key]), 5))
+            entropy["per_window"][key].append([round(x, 5) for x in rows[key]])
     out["entropy"] = entropy
     out["entropy"]["score_factor"] = round(load_method("yarn").rope.attention_scaling ** 2, 6)   # 1/t on q.k
     out["seconds"] = round(time.perf_counter() - start, 1)

@@ -1,5 +1,6 @@
-"""Checkers for notebook 12: NTK-aware frequencies, YaRN's frequencies, and the loss at
-every position of a window (the measurement behind the notebook's curves)."""
+"""Checkers for notebook 12: NTK-aware frequencies, YaRN's frequencies (as the reference code ramps them),
+YaRN's ramp and temperature from the paper's definitions, and the loss at every position of a window
+(the measurement behind the notebook's curves)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,10 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..positions import rope_inv_freq, scaled_inv_freq
+from ..positions import RotaryEmbedding, rope_inv_freq, scaled_inv_freq
 from . import ExerciseError, NotAttempted, attempt, close, not_attempted, passed, require_tensor
 
-__all__ = ["check_ntk_inv_freq", "check_yarn_inv_freq", "check_loss_per_position"]
+__all__ = ["check_ntk_inv_freq", "check_yarn_inv_freq", "check_yarn_paper", "check_loss_per_position"]
 
 
 def check_ntk_inv_freq(fn) -> None:
@@ -98,6 +99,108 @@ def check_yarn_inv_freq(fn) -> None:
         worst = (got - v["right"]).abs().max().item()
         raise ExerciseError(f"values differ from YaRN's by up to {worst:.3g}")
     return passed("YaRN: fast pairs kept, slow pairs / s, a ramp in the pair index between them")
+
+
+def _paper_variants(theta: torch.Tensor, s: float, L: int) -> dict[str, torch.Tensor]:
+    """The paper's h(theta) (alpha = 1, beta = 32) and the usual wrong versions, float64."""
+    def blend(gamma):
+        return (1 - gamma) * theta / s + gamma * theta
+
+    turns = L * theta / (2 * math.pi)                                     # r = L / lambda
+    gamma = ((turns - 1) / (32 - 1)).clamp(0, 1)
+    d = 2 * len(theta)
+    base = theta[1].item() ** (-d / 2)                                    # theta_1 = base^(-2/d)
+    code_gamma = scaled_inv_freq(d, base, {"kind": "yarn", "factor": s, "original_max_len": L})[0].double()
+    return {
+        "right": blend(gamma),
+        "reversed": blend(1 - gamma),
+        "no_2pi": blend(((L * theta - 1) / 31).clamp(0, 1)),
+        "wavelength": blend(((2 * math.pi / theta - 1) / 31).clamp(0, 1)),
+        "no_clamp": blend((turns - 1) / 31),
+        "not_normalised": blend((turns - 1).clamp(0, 1)),
+        "code_ramp": code_gamma,
+    }
+
+
+_PAPER_MISTAKES = {
+    "reversed": "the ramp is reversed: in the paper gamma = 1 keeps theta_i (fast pairs, r > beta) and gamma = 0 "
+                "divides it by s (slow pairs, r < alpha): h = (1 - gamma) theta / s + gamma theta",
+    "no_2pi": "r_i = L / lambda_i with lambda_i = 2 pi / theta_i, so r_i = L theta_i / (2 pi): you forgot the 2 pi",
+    "wavelength": "the ramp is over the turns r_i = L / lambda_i, not over the wavelength lambda_i",
+    "no_clamp": "clamp gamma to [0, 1]: pairs with more than beta turns keep theta_i, not more than theta_i",
+    "not_normalised": "between alpha and beta, gamma = (r - alpha) / (beta - alpha): divide by beta - alpha",
+    "code_ramp": "that is the reference code's ramp (linear in the pair index i, as in exercise 2); the paper's is "
+                 "linear in the turns r_i: gamma = clamp((r - alpha) / (beta - alpha), 0, 1)",
+}
+
+
+def check_yarn_paper(fn) -> None:
+    """``fn(inv_freq, factor, original_max_len) -> (new_inv_freq, mscale)``: YaRN by the paper's definitions.
+
+    r_i = L theta_i / (2 pi), gamma = clamp((r - 1) / (32 - 1), 0, 1), h(theta_i) = (1 - gamma) theta_i / s
+    + gamma theta_i, and sqrt(1/t) = 0.1 ln s + 1 (the factor on cos and sin). Checked against the
+    package's yarn scaling wherever the paper's ramp is 0 or 1, and against the score factor that the
+    package's RotaryEmbedding produces.
+    """
+    theta = rope_inv_freq(16, 10000.0).double()                          # the tiny decoder's 8 pairs
+    s, L = 4.0, 512
+    try:
+        got = attempt(fn, theta.clone(), s, L)
+    except NotAttempted:
+        return not_attempted("yarn_paper")
+    if not isinstance(got, (tuple, list)) or len(got) != 2:
+        raise ExerciseError(f"return two things, (new_inv_freq, mscale); got {type(got).__name__}")
+    freq = require_tensor("yarn_paper(...)[0]", got[0], (8,)).double()
+    mscale = got[1].item() if isinstance(got[1], torch.Tensor) else got[1]
+    if not isinstance(mscale, (int, float)):
+        raise ExerciseError(f"mscale should be a number, got {type(mscale).__name__}")
+    v = _paper_variants(theta, s, L)
+    if close(freq, theta / s):
+        raise ExerciseError("every pair divided by s is PI; the paper keeps pairs with more than beta = 32 turns")
+    if close(freq, theta):
+        raise ExerciseError("unchanged frequencies: pairs with fewer than alpha = 1 turn must be divided by s")
+    if not close(freq, v["right"], atol=1e-9, rtol=1e-7):
+        for name, message in _PAPER_MISTAKES.items():
+            if close(freq, v[name], atol=1e-9, rtol=1e-7):
+                raise ExerciseError(message)
+        raise ExerciseError(f"expected {[round(x, 6) for x in v['right'].tolist()]}, "
+                            f"got {[round(x, 6) for x in freq.tolist()]}")
+    want = 0.1 * math.log(s) + 1
+    if math.isclose(mscale, want ** 2, rel_tol=1e-6):
+        raise ExerciseError("that is 1/t, the factor on the scores q·k; cos and sin (so q and k) each get its "
+                            "square root, sqrt(1/t) = 0.1 ln s + 1")
+    if math.isclose(mscale, 0.1 * math.log10(s) + 1, rel_tol=1e-6):
+        raise ExerciseError("use the natural log: 0.1 ln s + 1")
+    if math.isclose(mscale, 1 / want, rel_tol=1e-6):
+        raise ExerciseError("upside down: YaRN sharpens the scores, so the factor is 0.1 ln s + 1 > 1")
+    if math.isclose(mscale, 1.0):
+        raise ExerciseError("mscale = 1 leaves out YaRN's temperature: sqrt(1/t) = 0.1 ln s + 1")
+    if not math.isclose(mscale, want, rel_tol=1e-6):
+        raise ExerciseError(f"mscale should be 0.1 ln s + 1 = {want:.4f} for s = {s:g}, got {mscale:.4f}")
+    for d, s2, L2 in ((16, 4.0, 512), (128, 8.0, 4096), (64, 16.0, 2048)):   # against the package
+        theta2 = rope_inv_freq(d, 10000.0).double()
+        freq2, mscale2 = attempt(fn, theta2.clone(), s2, L2)
+        scaling = {"kind": "yarn", "factor": s2, "original_max_len": L2}
+        package, package_mscale = scaled_inv_freq(d, 10000.0, scaling)
+        right = _paper_variants(theta2, s2, L2)["right"]
+        if not close(torch.as_tensor(freq2).double(), right, atol=1e-9, rtol=1e-7):
+            raise ExerciseError(f"right for (d = 16, s = 4, L = 512), wrong for d = {d}, s = {s2:g}, L = {L2}: "
+                                "use the arguments, not constants")
+        ends = (right == theta2) | (right == theta2 / s2)                # where the paper's ramp is 1 or 0
+        assert close(right[ends], package.double()[ends])                # the package's code agrees there
+        mscale2 = float(mscale2)
+        if not math.isclose(mscale2, package_mscale, rel_tol=1e-6):
+            raise ExerciseError(f"mscale for s = {s2:g} should be the package's {package_mscale:.4f}")
+        rope = RotaryEmbedding(d, scaling=scaling)                        # the score factor, measured
+        qk = torch.randn(2, 1, d, generator=torch.Generator().manual_seed(d), dtype=torch.float64)
+        pos = torch.tensor([L2 // 3])
+        plain = RotaryEmbedding(d, scaling=scaling)
+        plain.attention_scaling = 1.0
+        ratio = (rope(qk[0], pos) @ rope(qk[1], pos).T) / (plain(qk[0], pos) @ plain(qk[1], pos).T)
+        assert math.isclose(ratio.item(), mscale2 ** 2, rel_tol=1e-6)   # scores times mscale^2 = 1/t
+    return passed("the paper's ramp over the turns r, h(theta) = (1 - gamma) theta / s + gamma theta, and "
+                  "sqrt(1/t) = 0.1 ln s + 1; the package agrees where the ramp is 0 or 1, and its scores "
+                  "are scaled by mscale^2")
 
 
 def _tiny_model(vocab: int = 11):

@@ -25,7 +25,9 @@ def context_loss_chart(curves: dict, *, trained_len: int, head_dim: int | None =
     """Loss against position (left) and, optionally, each pair's slow-down (right).
 
     Args:
-        curves: label -> (positions, losses) 1-D arrays (bucket centres, mean loss per bucket).
+        curves: label -> (positions, losses) 1-D arrays (bucket centres, mean loss per bucket), or
+            (positions, losses, spread): a band of +- spread is drawn around the curve (for example
+            the standard deviation over the evaluation windows).
         trained_len: the training window, drawn as a vertical line.
         head_dim, base, scalings: label -> scaling dict for the right panel (skipped if None).
         axes: one or two Axes.
@@ -36,8 +38,11 @@ def context_loss_chart(curves: dict, *, trained_len: int, head_dim: int | None =
         _, axes = plt.subplots(1, 2 if scalings else 1, figsize=(11, 3.8) if scalings else (7, 3.8))
     axes = list(np.atleast_1d(axes))
     ax = axes[0]
-    for i, (label, (x, y)) in enumerate(curves.items()):
+    for i, (label, (x, y, *spread)) in enumerate(curves.items()):
         ax.plot(x, y, marker="o", markersize=3, label=label, color=f"C{i}")
+        if spread:
+            low, high = np.asarray(y) - np.asarray(spread[0]), np.asarray(y) + np.asarray(spread[0])
+            ax.fill_between(x, low, high, color=f"C{i}", alpha=0.15, lw=0)
     ax.axvline(trained_len, color="#777777", lw=0.8)
     ax.text(trained_len * 1.02, ax.get_ylim()[1] * 0.97, f"trained length {trained_len}", fontsize=8,
             color="#555555", va="top")

@@ -89,3 +89,63 @@ def test_row_term_right_keepdim_and_not_attempted(capsys):
 ])
 def test_row_term_diagnoses(wrong, fragment):
     expect_error(nb11.check_row_term, wrong, fragment)
+
+
+# ----------------------------------------------------------------------------- one tile of the backward
+
+def tile(q, k, v, do, lse, D, scale, *, mistake=None):
+    """One tile's (dq, dk, dv), right or with one planted mistake."""
+    p = torch.exp(scale * q @ k.T - lse[:, None])                      # (Bq, Bk)
+    if mistake == "tile_softmax":
+        p = torch.softmax(scale * q @ k.T, dim=-1)
+    if mistake == "no_lse":
+        p = torch.exp(scale * q @ k.T)
+    if mistake == "unscaled_p":
+        p = torch.exp(q @ k.T - lse[:, None])
+    dp = do @ v.T
+    row = (dp * p).sum(-1, keepdim=True) if mistake == "tile_rowsum" else D[:, None]
+    ds = p * dp if mistake == "no_D" else p * (dp - row)
+    c = 1.0 if mistake == "no_scale" else scale
+    dv = p @ do if mistake == "transposed_p" else p.T @ do
+    dk = c * ds @ q if mistake == "transposed_ds" else c * ds.T @ q
+    return c * ds @ k, dk, dv
+
+
+def test_tile_backward_right_and_not_attempted(capsys):
+    nb11.check_tile_backward(tile)
+    assert capsys.readouterr().out.startswith("Correct")
+    nb11.check_tile_backward(stub)
+    assert capsys.readouterr().out.startswith("Not attempted")
+
+
+@pytest.mark.parametrize("mistake,fragment", [
+    ("no_scale", "forgot the scale"),
+    ("no_D", "without subtracting D"),
+    ("tile_rowsum", "this tile's own rowsum"),
+    ("transposed_p", "transpose P"),
+    ("transposed_ds", "transpose dS"),
+    ("tile_softmax", "softmax over this tile"),
+    ("unscaled_p", "scores inside exp need the scale"),
+    ("no_lse", "subtract the saved lse"),
+])
+def test_tile_backward_diagnoses(mistake, fragment):
+    expect_error(nb11.check_tile_backward, lambda *args: tile(*args, mistake=mistake), fragment)
+
+
+def test_tile_backward_square_only_and_accumulating_answers():
+    def square_only(q, k, v, do, lse, D, scale):
+        if q.shape[0] != k.shape[0]:
+            raise RuntimeError("mat1 and mat2 shapes cannot be multiplied")
+        return tile(q, k, v, do, lse, D, scale)
+
+    expect_error(nb11.check_tile_backward, square_only, "a tile need not be square")
+    calls = []
+
+    def doubled_after_first(*args):                                  # right once, then wrong: the loop catches it
+        calls.append(1)
+        dq, dk, dv = tile(*args)
+        return (dq, dk, dv) if len(calls) == 1 else (2 * dq, dk, dv)
+
+    expect_error(nb11.check_tile_backward, doubled_after_first, "differs from autograd's")
+    expect_error(nb11.check_tile_backward, lambda *args: tile(*args)[:2], "three tensors")
+    expect_error(nb11.check_tile_backward, lambda *args: tuple(2 * t for t in tile(*args)), "differ from the tile's")

@@ -116,3 +116,61 @@ def test_loss_per_position_not_attempted(capsys):
 def test_loss_per_position_wrong(wrong, message):
     with pytest.raises(ExerciseError, match=message):
         check.check_loss_per_position(wrong)
+
+
+# ---------------------------------------------------------------- 4. YaRN by the paper's definitions
+def paper(th, s, L, *, mistake=None):
+    """h(theta) and sqrt(1/t) as the YaRN paper defines them (alpha = 1, beta = 32), or a planted mistake."""
+    r = L * th / (2 * math.pi)
+    if mistake == "no_2pi":
+        r = L * th
+    if mistake == "wavelength":
+        r = 2 * math.pi / th
+    gamma = (r - 1) / (32 - 1) if mistake != "not_normalised" else r - 1
+    if mistake != "no_clamp":
+        gamma = gamma.clamp(0, 1)
+    if mistake == "reversed":
+        gamma = 1 - gamma
+    mscale = {"squared": (0.1 * math.log(s) + 1) ** 2, "log10": 0.1 * math.log10(s) + 1,
+              "inverse": 1 / (0.1 * math.log(s) + 1), "none": 1.0}.get(mistake, 0.1 * math.log(s) + 1)
+    return (1 - gamma) * th / s + gamma * th, mscale
+
+
+def test_yarn_paper_right(capsys):
+    check.check_yarn_paper(paper)
+    assert capsys.readouterr().out.startswith("Correct:")
+    check.check_yarn_paper(lambda th, s, L: (paper(th, s, L)[0], torch.tensor(paper(th, s, L)[1])))
+    assert capsys.readouterr().out.startswith("Correct:")                 # a 0-d tensor is a number too
+
+
+def test_yarn_paper_not_attempted(capsys):
+    check.check_yarn_paper(stub)
+    assert "Not attempted" in capsys.readouterr().out
+
+
+def code_ramp(th, s, L):
+    d = 2 * len(th)
+    return yarn(d, 10000.0, s, L), 0.1 * math.log(s) + 1
+
+
+@pytest.mark.parametrize("wrong, message", [
+    (lambda th, s, L: paper(th, s, L, mistake="reversed"), "reversed"),
+    (lambda th, s, L: paper(th, s, L, mistake="no_2pi"), "forgot the 2 pi"),
+    (lambda th, s, L: paper(th, s, L, mistake="wavelength"), "not over the wavelength"),
+    (lambda th, s, L: paper(th, s, L, mistake="no_clamp"), "clamp gamma"),
+    (lambda th, s, L: paper(th, s, L, mistake="not_normalised"), "divide by beta - alpha"),
+    (code_ramp, "reference code's ramp"),
+    (lambda th, s, L: (th / s, 0.1 * math.log(s) + 1), "PI"),
+    (lambda th, s, L: (th, 0.1 * math.log(s) + 1), "unchanged"),
+    (lambda th, s, L: paper(th, s, L, mistake="squared"), "1/t, the factor on the scores"),
+    (lambda th, s, L: paper(th, s, L, mistake="log10"), "natural log"),
+    (lambda th, s, L: paper(th, s, L, mistake="inverse"), "upside down"),
+    (lambda th, s, L: paper(th, s, L, mistake="none"), "leaves out YaRN's temperature"),
+    (lambda th, s, L: (paper(th, s, L)[0], 1.3), "should be 0.1 ln s"),
+    (lambda th, s, L: paper(th, s, L)[0], "return two things"),
+    (lambda th, s, L: (paper(th, s, L)[0] * 1.01, 0.1 * math.log(s) + 1), "expected"),
+    (lambda th, s, L: paper(th, 4.0, 512) if len(th) == 8 else paper(th, 4.0, 512), "use the arguments"),
+])
+def test_yarn_paper_wrong(wrong, message):
+    with pytest.raises(ExerciseError, match=message):
+        check.check_yarn_paper(wrong)
