@@ -295,10 +295,11 @@ def nb15(ctx: Context) -> dict:
     """Notebook 15's Triton kernel against SDPA (forward, forward + backward; causal and not) and the goal
     read off at n = 4096, h = 16, d = 128. Without Triton (not Linux) the section says so."""
     from . import triton_attention
+    from .course import triton_bench
 
     if not triton_attention.available():
         return dict(skipped="Triton is not installed (Linux-only extra `triton`)")
     ns, head_dims, H = ctx.pick(((1024, 2048, 4096), (64, 128), 16), ((32,), (16,), 2))
-    records = triton_attention.benchmark(ctx.device, B=1, H=H, ns=ns, head_dims=head_dims, budget_s=ctx.budget_s)
-    goal = triton_attention.summarize(records, n=ns[-1], D=head_dims[-1])
+    records = triton_bench.benchmark(ctx.device, B=1, H=H, ns=ns, head_dims=head_dims, budget_s=ctx.budget_s)
+    goal = triton_bench.summarize(records, n=ns[-1], D=head_dims[-1])
     return dict(records=records, goal=goal, config=dict(B=1, H=H, ns=list(ns), head_dims=list(head_dims)))

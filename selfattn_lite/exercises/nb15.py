@@ -17,6 +17,8 @@ if ta.available():
     import triton
     import triton.language as tl
 
+    from .. import triton_kernels  # noqa: F401  (importing it lets Triton 3.6's interpreter take loop bounds)
+
 __all__ = ["check_online_update", "check_causal_bounds"]
 
 BLOCK_M, BLOCK_N, D = 16, 16, 16
