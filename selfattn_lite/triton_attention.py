@@ -80,9 +80,9 @@ FWD_CONFIGS = [
     dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=2),
     dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
 ]
-DKDV_CONFIGS = [
+DKDV_CONFIGS = [                       # (64, 128) spills at d = 128 (Triton 3.9: 104 B of stack)
     dict(BLOCK_M=32, BLOCK_N=128, num_warps=8, num_stages=3),
-    dict(BLOCK_M=64, BLOCK_N=128, num_warps=8, num_stages=2),
+    dict(BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=3),
 ]
 DQ_CONFIGS = [
     dict(BLOCK_M=128, BLOCK_N=32, num_warps=8, num_stages=3),
