@@ -158,25 +158,40 @@ def good_grid(n_rows, block_r):
     return ((n_rows + block_r - 1) // block_r,)
 
 
+def test_copy_grid_right_answer_passes(capsys):
+    check.check_copy_grid(good_grid)
+    assert "Correct" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("grid, message", [
+    (lambda n, b: (n // b,), "floor division drops the last"),
+    (lambda n, b: n // b + 1, "tuple of ints"),
+    (lambda n, b: (n // b + 1,), "ceil"),                       # right for 37 / 16, wrong for 64 / 16
+    (lambda n, b: ((n + b - 1) // b, 1), "ceil"),
+])
+def test_copy_grid_mistakes_are_named(grid, message):
+    with pytest.raises(ExerciseError, match=message):
+        check.check_copy_grid(grid)
+
+
 @needs_triton
 def test_copy_kernel_right_answer_passes(capsys):
-    check.check_copy_kernel(good_copy, good_grid)
+    check.check_copy_kernel(good_copy)
     assert "Correct" in capsys.readouterr().out
 
 
 @needs_triton
-@pytest.mark.parametrize("kernel, grid, message", [
-    (good_copy, lambda n, b: (n // b,), "floor division drops the last"),
-    (good_copy, lambda n, b: n // b + 1, "tuple of ints"),
-    (off_by_one_copy, good_grid, "one past the edge"),
-    (unmasked_copy, good_grid, "outside the 37 x 20 matrix"),
-    (wrong_stride_copy, good_grid, "read n_cols apart"),
+@pytest.mark.parametrize("kernel, message", [
+    (off_by_one_copy, "one past the edge"),
+    (unmasked_copy, "outside the 37 x 20 matrix"),
+    (wrong_stride_copy, "read n_cols apart"),
 ])
-def test_copy_kernel_mistakes_are_named(kernel, grid, message):
+def test_copy_kernel_mistakes_are_named(kernel, message):
     with pytest.raises(ExerciseError, match=message):
-        check.check_copy_kernel(kernel, grid)
+        check.check_copy_kernel(kernel)
 
 
-def test_copy_kernel_stub_is_not_attempted(capsys):
-    check.check_copy_kernel(stub, stub)
-    assert "Not attempted yet" in capsys.readouterr().out
+def test_copy_stubs_are_not_attempted(capsys):
+    check.check_copy_grid(stub)
+    check.check_copy_kernel(stub)
+    assert capsys.readouterr().out.count("Not attempted yet") == 2

@@ -19,7 +19,7 @@ if ta.available():
 
     from .. import triton_kernels  # noqa: F401  (importing it lets Triton 3.6's interpreter take loop bounds)
 
-__all__ = ["check_online_update", "check_causal_bounds", "check_copy_kernel"]
+__all__ = ["check_online_update", "check_causal_bounds", "check_copy_grid", "check_copy_kernel"]
 
 BLOCK_M, BLOCK_N, D = 16, 16, 16
 
@@ -192,40 +192,50 @@ def _copy_buffers() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Ten
     return x_full, y_full, x_full[:COPY_ROWS, :COPY_COLS], y_full[:COPY_ROWS, :COPY_COLS]
 
 
-def _is_copy_stub(fn) -> bool:
+def _stub(fn, *args) -> bool:
+    """True when fn still raises NotImplementedError (called with placeholder arguments)."""
     try:
-        attempt(fn, None, None, None, None, None, None, None, None)
+        attempt(fn, *args)
     except NotAttempted:
         return True
-    except Exception:
+    except Exception:          # a real kernel body fails outside a kernel: it is attempted
         return False
     return False
 
 
-def check_copy_kernel(copy_rows, copy_grid) -> None:
-    """``copy_rows(X, Y, n_rows, n_cols, stride_x, stride_y, BLOCK_R, BLOCK_C)``, a Triton kernel body, and
-    ``copy_grid(n_rows, block_r) -> grid``: copy an (n_rows, n_cols) matrix whose rows lie stride_x elements
-    apart into one whose rows lie stride_y apart, BLOCK_R rows per program.
+def check_copy_grid(copy_grid) -> None:
+    """``copy_grid(n_rows, block_r) -> grid``: the launch grid of ``copy_rows``, one program per block of
+    block_r rows (a tuple, as Triton takes it). Names a grid that drops the last, partial block."""
+    if _stub(copy_grid, COPY_ROWS, COPY_BLOCK_R):
+        return not_attempted("copy_grid")
+    for n_rows, block_r in ((COPY_ROWS, COPY_BLOCK_R), (64, 16), (1, 32), (4097, 128)):
+        grid = attempt(copy_grid, n_rows, block_r)
+        want = -(-n_rows // block_r)
+        if not isinstance(grid, tuple) or not grid or not all(isinstance(g, int) for g in grid):
+            raise ExerciseError(f"copy_grid must return a tuple of ints, e.g. (programs,), got {grid!r}")
+        if len(grid) != 1 or grid[0] != want:
+            hint = " (floor division drops the last, partial block of rows)" if grid[0] == n_rows // block_r else ""
+            raise ExerciseError(f"copy_grid({n_rows}, {block_r}) = {grid}: one program per block of rows needs "
+                                f"(ceil(n_rows / block_r),) = ({want},){hint}")
+    return passed("one program per block of rows, the last partial block included: (ceil(n_rows / block_r),)")
 
-    The checker launches it (under the interpreter on a CPU) on 37 x 20 windows of larger buffers, with
-    blocks of 16 x 32 that divide nothing, and names the mistake: a grid that misses the last rows, a mask
+
+def check_copy_kernel(copy_rows) -> None:
+    """``copy_rows(X, Y, n_rows, n_cols, stride_x, stride_y, BLOCK_R, BLOCK_C)``, a Triton kernel body: copy an
+    (n_rows, n_cols) matrix whose rows lie stride_x elements apart into one whose rows lie stride_y apart,
+    BLOCK_R rows per program.
+
+    The checker launches it (under the interpreter on a CPU) on the grid (ceil(37 / 16),) over 37 x 20
+    windows of larger buffers, with blocks of 16 x 32 that divide nothing, and names the mistake: a mask
     that lets row n_rows or column n_cols through (<= for <) or is missing, a row stride taken as n_cols.
     """
-    if _is_copy_stub(copy_rows) or _stub_grid(copy_grid):
+    if _stub(copy_rows, *([None] * 8)):
         return not_attempted("copy_kernel")
     if not ta.available():
         print("Triton is not installed here (Linux only): this checker needs it to launch your kernel.")
         return None
-    grid = attempt(copy_grid, COPY_ROWS, COPY_BLOCK_R)
-    want_programs = -(-COPY_ROWS // COPY_BLOCK_R)
-    if not isinstance(grid, tuple) or not grid or not all(isinstance(g, int) for g in grid):
-        raise ExerciseError(f"copy_grid must return a tuple of ints, e.g. (programs,), got {grid!r}")
-    if len(grid) != 1 or grid[0] != want_programs:
-        hint = (" (floor division drops the last, partial block of rows)" if grid[0] == COPY_ROWS // COPY_BLOCK_R
-                else "")
-        raise ExerciseError(f"copy_grid({COPY_ROWS}, {COPY_BLOCK_R}) = {grid}: one program per block of rows needs "
-                            f"(ceil(n_rows / block_r),) = ({want_programs},){hint}")
-    x_full, y_full, x, y = _copy_buffers()
+    grid = (-(-COPY_ROWS // COPY_BLOCK_R),)
+    x_full, y_full, _, _ = _copy_buffers()
     device = ta.best_device()
     x_full, y_full = x_full.to(device), y_full.to(device)
     kernel = triton.jit(copy_rows)
@@ -264,13 +274,3 @@ def check_copy_kernel(copy_rows, copy_grid) -> None:
     raise ExerciseError("y differs from x: load X + rows[:, None] * stride_x + cols[None, :] and store to "
                         "Y + rows[:, None] * stride_y + cols[None, :], both with the mask")
 
-
-def _stub_grid(copy_grid) -> bool:
-    """True when copy_grid is a stub (raises NotImplementedError)."""
-    try:
-        copy_grid(COPY_ROWS, COPY_BLOCK_R)
-    except NotImplementedError:
-        return True
-    except Exception:
-        return False
-    return False
