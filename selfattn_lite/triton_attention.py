@@ -102,7 +102,10 @@ def interpreting() -> bool:
 
 
 def best_device() -> torch.device:
-    """Where the kernels run here: CUDA when the kernels are compiled, else the CPU (the interpreter)."""
+    """Where the kernels run here: CUDA when the kernels are compiled, else the CPU (the interpreter).
+
+    Taught in notebook 15, "From notebook 08's loop to a grid of programs".
+    """
     return torch.device("cuda" if torch.cuda.is_available() and not interpreting() else "cpu")
 
 
@@ -133,6 +136,8 @@ def _block(name: str, value) -> int:
 def key_block_bounds(q0: int, block_m: int, block_n: int, S: int, is_causal: bool) -> tuple[int, int]:
     """Where one query block's loop over key blocks switches to masking, and where it ends.
 
+    Taught in notebook 15, "The causal loop split".
+
     The program of queries q0 ... q0 + block_m - 1 visits key blocks starting at 0, block_n, ...:
     those before ``unmasked_end`` with no mask (every key is visible to every query of the block and
     lies inside S), those from ``unmasked_end`` to ``end`` with the mask. Causal (key j <= query i):
@@ -159,6 +164,8 @@ def key_block_bounds(q0: int, block_m: int, block_n: int, S: int, is_causal: boo
 def query_block_bounds(k0: int, block_m: int, block_n: int, L: int, is_causal: bool) -> tuple[int, int, int]:
     """The dK/dV kernel's three stages for the key block k0 ... k0 + block_n - 1, as query offsets.
 
+    Taught in notebook 15, "The backward kernels".
+
     Query blocks [start, diag_end) are masked (causal: they straddle the diagonal, some key j > query i);
     [diag_end, full_end) need no mask (every query i >= every key j, and block_m rows inside L);
     [max(diag_end, full_end), L) is the last, partial query block, masked. Query blocks before
@@ -180,13 +187,18 @@ def query_block_bounds(k0: int, block_m: int, block_n: int, L: int, is_causal: b
 
 
 def key_blocks_visited(q0: int, block_m: int, block_n: int, S: int, is_causal: bool) -> tuple[int, int]:
-    """(unmasked, masked) number of key blocks the program of queries q0 ... loads."""
+    """(unmasked, masked) number of key blocks the program of queries q0 ... loads.
+
+    Taught in notebook 15, "The causal loop split".
+    """
     unmasked_end, end = key_block_bounds(q0, block_m, block_n, S, is_causal)
     return unmasked_end // block_n, max(0, math.ceil(end / block_n) - unmasked_end // block_n)
 
 
 def program_grid(B: int, H: int, L: int, block_m: int) -> tuple[int, int]:
     """The forward kernel's programs: (ceil(L / block_m) query blocks, B * H heads).
+
+    Taught in notebook 15, "From notebook 08's loop to a grid of programs".
 
     They are launched on one grid axis (``launch_grid``): CUDA's second and third axes stop at 65,535.
     """
@@ -198,7 +210,10 @@ def program_grid(B: int, H: int, L: int, block_m: int) -> tuple[int, int]:
 def launch_grid(B: int, H: int, L: int, block_m: int) -> tuple[int]:
     """The one-dimensional launch grid: ceil(L / block_m) * B * H programs; program pid takes query block
     pid % ceil(L / block_m) of head pid // ceil(L / block_m), so one head's programs run side by side
-    (they share its K and V in the L2 cache)."""
+    (they share its K and V in the L2 cache).
+
+    Taught in notebook 15, "From notebook 08's loop to a grid of programs".
+    """
     blocks, heads = program_grid(B, H, L, block_m)
     return (blocks * heads,)
 
@@ -206,6 +221,8 @@ def launch_grid(B: int, H: int, L: int, block_m: int) -> tuple[int]:
 def hbm_bytes(L: int, S: int, D: int, block_m: int, block_n: int, *, B: int = 1, H: int = 1,
               is_causal: bool = False, bytes_per_element: int = 2) -> dict[str, int]:
     """Bytes the forward kernel moves between HBM and the chip, counted block by block.
+
+    Taught in notebook 15, "Where the memory traffic goes".
 
     Each program reads its Q block once, then K and V block by block for every key block it
     visits (so K and V are read ceil(L / block_m) times each without a mask, about half as often
@@ -237,7 +254,10 @@ def hbm_bytes(L: int, S: int, D: int, block_m: int, block_n: int, *, B: int = 1,
 def program_work(block_m: int, block_n: int, D: int, S: int, *, is_causal: bool = False, q0: int = 0,
                  bytes_per_element: int = 2) -> dict[str, int]:
     """What one forward program does: FLOPs of its two matmuls per key block and in all, and the
-    bytes it keeps on chip (its Q block, one K and one V block, the float32 scores and accumulator)."""
+    bytes it keeps on chip (its Q block, one K and one V block, the float32 scores and accumulator).
+
+    Taught in notebook 15, "Where the memory traffic goes".
+    """
     unmasked, masked = key_blocks_visited(q0, block_m, block_n, S, is_causal)
     per_block = 4 * block_m * block_n * D          # S = Q K^T and P V: 2 * block_m * block_n * D each
     on_chip = (block_m * D + 2 * block_n * D) * bytes_per_element + (block_m * block_n + block_m * D + 2 * block_m) * 4
@@ -365,6 +385,8 @@ def forward(q: Tensor, k: Tensor, v: Tensor, *, is_causal: bool = False, scale: 
             ) -> tuple[Tensor, Tensor]:
     """The forward kernel, no autograd: one program per (query block, batch * head).
 
+    Taught in notebook 15, "The forward kernel".
+
     Args:
         q: (B, H, L, D); k, v: (B, H, S, D); D in 16..128; float32, bfloat16 or float16.
         is_causal: key j <= query i (top-left aligned, as torch's is_causal).
@@ -399,6 +421,8 @@ def backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, grad_out
              block_n: int | None = None, dkdv_config: dict | None = None, dq_config: dict | None = None
              ) -> tuple[Tensor, Tensor, Tensor]:
     """dQ, dK, dV from the saved log-sum-exp, as FlashAttention-2 does it (notebook 11 derives it).
+
+    Taught in notebook 15, "The backward kernels".
 
     Three kernels: D_i = rowsum(dO * O) (one float32 per query); one program per key block
     accumulating dK and dV over the query blocks (4 matmuls a tile); one program per query block
@@ -472,6 +496,8 @@ class FlashAttentionFunction(torch.autograd.Function):
 def flash_attention(q: Tensor, k: Tensor, v: Tensor, *, is_causal: bool = False, scale: float | None = None,
                     return_lse: bool = False):
     """softmax(Q K^T * scale + M) V with the Triton FlashAttention-2 kernels, differentiable.
+
+    Taught in notebook 15 (the whole notebook; timed in "On a GPU").
 
     Same semantics as ``efficient.flash_attention`` and ``F.scaled_dot_product_attention`` on
     (B, H, L, D) inputs: ``is_causal`` lets query i see keys j <= i (top-left aligned), L and S may

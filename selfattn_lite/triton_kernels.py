@@ -80,6 +80,8 @@ def dot(a, b, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
 def load_rows(base, rows, offs_d, n_rows, D: tl.constexpr, BLOCK_D: tl.constexpr, ROW_MASK: tl.constexpr):
     """Rows ``rows`` (R,) of a row-major (n_rows, D) matrix at ``base``: an (R, BLOCK_D) block.
 
+    Taught in notebook 15, "The forward kernel".
+
     Columns past D read 0 (BLOCK_D is D rounded up to a power of 2); with ROW_MASK rows past n_rows
     read 0 too. Without it, and with D a power of 2, the load has no mask at all.
     """
@@ -115,6 +117,8 @@ def attn_fwd_inner(acc, l_i, m_i, q, K_head, V_head, k_start, k_end, offs_m, off
                    BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """One query block's walk over the key blocks k_start, k_start + BLOCK_N, ... < k_end.
 
+    Taught in notebook 15, "The forward kernel".
+
     The online softmax: m_i (BLOCK_M,) running max, l_i (BLOCK_M,) running sum, acc (BLOCK_M, BLOCK_D)
     running output, all float32; q (BLOCK_M, BLOCK_D). With MASK the keys past S (and, causal, the
     keys after each query) get score -inf; without it no mask is built and the loads are unmasked.
@@ -143,6 +147,8 @@ def attn_fwd_kernel(Q, K, V, O, LSE, N, L, S, qk_scale,
                     D: tl.constexpr, IS_CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """Program pid: queries start_m * BLOCK_M ... + BLOCK_M - 1 of head n = pid // ceil(L / BLOCK_M).
+
+    Taught in notebook 15, "The forward kernel".
 
     Q (N, L, D), K and V (N, S, D), O (N, L, D), LSE (N, L) float32, natural log.
     Causal (top-left, key j <= query i): key blocks entirely at or below every query of the block
@@ -187,7 +193,10 @@ def attn_fwd_kernel(Q, K, V, O, LSE, N, L, S, qk_scale,
 
 @triton.jit
 def attn_bwd_preprocess_kernel(O, DO, DELTA, N, L, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
-    """DELTA_i = sum_d dO_id * O_id, float32, for BLOCK_M rows per program: one float per query."""
+    """DELTA_i = sum_d dO_id * O_id, float32, for BLOCK_M rows per program: one float per query.
+
+    Taught in notebook 15, "The backward kernels".
+    """
     pid = tl.program_id(0)
     n_blocks = tl.cdiv(L, BLOCK_M)
     head = (pid // n_blocks).to(tl.int64)
@@ -203,6 +212,8 @@ def attn_bwd_dkdv_inner(dk, dv, k, v, Q_head, DO_head, LSE_head, DELTA_head, q_s
                         L, qk_scale, MASK: tl.constexpr, IS_CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
                         D: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """One key block's walk over the query blocks q_start, q_start + BLOCK_M, ... < q_end: four matmuls a step.
+
+    Taught in notebook 15, "The backward kernels".
 
         P^T = 2^(K Q^T * qk_scale - lse_2),  dV += P^T dO,  dP^T = V dO^T,  dS^T = P^T * (dP^T - DELTA),
         dK += dS^T Q   (times scale, once, at the end)
@@ -238,6 +249,8 @@ def attn_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, N, L, S, qk_scale, sca
                          D: tl.constexpr, IS_CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                          BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """Program pid: dK, dV of keys start_n * BLOCK_N ... + BLOCK_N - 1 of head n = pid // ceil(S / BLOCK_N).
+
+    Taught in notebook 15, "The backward kernels".
 
     Walks the query blocks in up to three stages: causal, the blocks on the diagonal (masked); then
     the full query blocks below it (no mask); then the last, partial query block (masked). Query
@@ -282,6 +295,8 @@ def attn_bwd_dq_inner(dq, q, do, lse2, delta, K_head, V_head, k_start, k_end, of
                       BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """One query block's walk over key blocks k_start, ... < k_end: three matmuls a step.
 
+    Taught in notebook 15, "The backward kernels".
+
         P = 2^(Q K^T * qk_scale - lse_2),  dP = dO V^T,  dS = P * (dP - DELTA),  dQ += dS K
     With MASK keys past S (and, causal, keys after each query) get P = 0.
     """
@@ -306,6 +321,8 @@ def attn_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, N, L, S, qk_scale, scale,
                        D: tl.constexpr, IS_CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """Program pid: dQ of queries start_m * BLOCK_M ... + BLOCK_M - 1 of head n = pid // ceil(L / BLOCK_M).
+
+    Taught in notebook 15, "The backward kernels".
 
     Walks the key blocks with the forward's two stages (no mask, then the diagonal and the tail of S),
     recomputing P from the saved log-sum-exp; causal, the busiest query blocks run first.
