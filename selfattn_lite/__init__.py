@@ -27,14 +27,6 @@ import os
 # notebooks set it in their first cell for that reason.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import torch  # noqa: E402
-
-# Notebook 15's Triton kernels run under Triton's CPU interpreter where there is no GPU. Triton picks
-# interpreter or compiler for its own library functions when it is first imported, and torch imports
-# it lazily (its profiler does), so the choice is made here, before anything can import it.
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
 from .attention import scaled_dot_product_attention  # noqa: E402
 from .masks import causal_mask, combine_masks, padding_mask, to_additive  # noqa: E402
 

@@ -45,6 +45,8 @@ def mla_cache_bytes(n_layers: int, kv_lora_rank: int, qk_rope_head_dim: int, n_t
 
     Example: DeepSeek-V2 (60 layers, kv_lora_rank 512, qk_rope_head_dim 64) in bf16:
     576 x 60 x 2 = 69,120 bytes = 67.5 KiB per token.
+
+    Taught in notebook 13, "2. What the cache costs: MLA and cross-layer sharing in real models".
     """
     for name, n in (("n_layers", n_layers), ("kv_lora_rank", kv_lora_rank),
                     ("qk_rope_head_dim", qk_rope_head_dim), ("batch", batch)):
@@ -70,6 +72,8 @@ def mla_decode_bytes(n_tokens: int, *, n_heads: int, kv_lora_rank: int, qk_nope_
     Returns:
         {"cache": bytes read from the cache, "keys_values": bytes of keys and values attention reads,
         "total": cache + keys_values (naive) or cache (absorbed)}.
+
+    Taught in notebook 13, "1. Multi-head latent attention".
     """
     n_tokens = check_int("n_tokens", n_tokens, low=0)
     for name, n in (("n_heads", n_heads), ("kv_lora_rank", kv_lora_rank), ("qk_nope_head_dim", qk_nope_head_dim),
@@ -93,6 +97,8 @@ class MLACache(TokenCache):
 
     Attributes:
         c_kv: (B, max_len, kv_lora_rank). k_rope: (B, max_len, qk_rope_head_dim), already rotated.
+
+    Taught in notebook 13, "1. Multi-head latent attention".
     """
 
     _buffers = ("c_kv", "k_rope")
@@ -145,6 +151,8 @@ class MultiHeadLatentAttention(nn.Module):
     Submodules (Hugging Face names): ``q_proj`` or ``q_a_proj``/``q_a_layernorm``/``q_b_proj``;
     ``kv_a_proj_with_mqa`` (d -> kv_lora_rank + qk_rope_head_dim: W^DKV and W^KR together),
     ``kv_a_layernorm``, ``kv_b_proj`` (kv_lora_rank -> h (qk_nope + v): W^UK and W^UV), ``o_proj``.
+
+    Taught in notebook 13, "1. Multi-head latent attention".
     """
 
     def __init__(self, d_model: int, n_heads: int, *, kv_lora_rank: int, qk_nope_head_dim: int,

@@ -1,49 +1,73 @@
-"""FlashAttention-2 as Triton kernels: the forward pass and the two backward kernels.
+"""FlashAttention-2 as Triton kernels: the forward pass, the backward's D = rowsum(dO * O), dK/dV and dQ.
 
-Importing this module needs Triton (``pip install -e ".[triton]"``, Linux). Without CUDA it sets
-``TRITON_INTERPRET=1`` *before* ``import triton``: every ``@triton.jit`` below then becomes an
-interpreted function that runs the very same kernel body on the CPU with numpy, one program
-instance after another. (Triton reads the variable when a kernel is decorated, so it must be set
-before this module's decorators run; set it yourself to interpret on a machine with a GPU.)
+Taught in notebook 15 ("The forward kernel", "The backward kernels").
 
-All tensors are contiguous (N, L, D) with N = batch * heads; a program finds its rows by pointer
-arithmetic: element (n, i, d) of Q sits at ``Q + n * L * D + i * D + d``. The exponentials are taken
-in base 2: ``qk_scale = scale * log2(e)`` is folded into the scores, so 2^(s * qk_scale) =
-e^(s * scale), and the saved log-sum-exp ``LSE2`` is in base 2 as well (``lse = LSE2 * ln 2``).
+Importing this module imports Triton (``pip install -e ".[triton]"``, Linux). Whether the kernels are
+compiled for a GPU or run by Triton's CPU interpreter is decided in one place,
+``selfattn_lite.triton_attention``, which sets ``TRITON_INTERPRET=1`` without CUDA *before* it
+imports this module (Triton reads the variable when a kernel is decorated).
 
-``selfattn_lite.triton_attention`` launches these kernels, checks the inputs and wraps them
-in a ``torch.autograd.Function``.
+Layout: contiguous (N, L, D) tensors, N = batch * heads. Program ``pid`` of a launch on the
+one-dimensional grid of ``n_blocks * N`` programs works on block ``pid % n_blocks`` of head
+``pid // n_blocks``; one grid axis holds up to 2^31 - 1 programs, where CUDA's second and third
+hold 65,535. Element (n, i, d) of Q sits at ``Q + n * L * D + i * D + d``; the head offset
+``n * L * D`` is computed in int64, so tensors past 2^31 elements do not wrap.
+
+Exponentials are taken in base 2 inside (``qk_scale = scale * log2(e)`` folded into the scores, so
+2^(s * qk_scale) = e^(s * scale)); the log-sum-exp crosses the kernels' boundary in natural log,
+as FlashAttention's CUDA kernels store it.
 """
 
 from __future__ import annotations
 
-import os
+import math
 
-import torch
+import triton
+import triton.language as tl
 
-if not torch.cuda.is_available():                      # no GPU: run the kernels under the interpreter
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+from . import efficient
 
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
+__all__ = ["dot", "load_rows", "attn_fwd_inner", "attn_fwd_kernel", "attn_bwd_preprocess_kernel",
+           "attn_bwd_dkdv_inner", "attn_bwd_dkdv_kernel", "attn_bwd_dq_inner", "attn_bwd_dq_kernel"]
 
-__all__ = ["dot", "attn_fwd_kernel", "attn_fwd_inner", "attn_bwd_dkdv_kernel", "attn_bwd_dq_kernel", "interpreting"]
+LN_2 = tl.constexpr(math.log(2.0))           # base-2 log-sum-exp -> natural
+LOG2_E = tl.constexpr(efficient.LOG2_E)      # natural -> base 2, as a compile-time constant
 
 
-def interpreting() -> bool:
-    """True when ``@triton.jit`` kernels run under Triton's CPU interpreter (TRITON_INTERPRET=1)."""
-    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+def _fix_interpreter_loop_bounds() -> None:
+    """Let Triton 3.6's interpreter take a runtime loop bound under numpy >= 2.4.
+
+    The interpreter holds every scalar as a numpy array of shape (1,) and turned it into a Python int
+    for ``range(...)`` with ``int(array)``, which numpy 2.4 refuses for arrays with a dimension
+    ("only 0-dimensional arrays can be converted to Python scalars"). Triton 3.9 squeezes the array
+    first; this gives older interpreters the same ``__index__``. No effect on compiled kernels.
+    """
+    from triton.runtime import interpreter
+
+    original = getattr(interpreter, "_patch_lang_tensor", None)
+    if original is None or getattr(original, "takes_one_element_arrays", False):
+        return
+
+    def patch_lang_tensor(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    patch_lang_tensor.takes_one_element_arrays = True
+    interpreter._patch_lang_tensor = patch_lang_tensor
+
+
+_fix_interpreter_loop_bounds()
 
 
 @triton.jit
 def dot(a, b, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """a @ b accumulated in float32 (``tl.dot``), a (M, K) and b (K, N) blocks.
 
-    UPCAST is set under the interpreter for bfloat16 inputs: numpy has no bfloat16, the interpreter
-    stores it as uint16 and has no bfloat16 arithmetic (its ``tl.dot`` multiplies the bit patterns,
-    triton-lang/triton#11584). Converting to float32 first is exact for the products (a bfloat16 x
-    bfloat16 product fits in float32), so the result is what the GPU's tensor cores compute, up to
-    the order of the additions. On a GPU UPCAST is False and the dot runs in bfloat16.
+    PRECISION is "tf32" for float32 inputs on a GPU (tensor cores, 10-bit mantissa products) and
+    is ignored for bfloat16/float16. UPCAST is set under the interpreter for bfloat16 inputs: numpy
+    has no bfloat16, the interpreter stores it as uint16 and has no bfloat16 arithmetic (its
+    ``tl.dot`` multiplies the bit patterns, triton-lang/triton#11584). Converting to float32 first is
+    exact for the products (a bfloat16 x bfloat16 product fits in float32).
     """
     if UPCAST:
         out = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
@@ -53,21 +77,57 @@ def dot(a, b, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
 
 
 @triton.jit
-def attn_fwd_inner(acc, l_i, m_i, q, K_ptr, V_ptr, k_start, k_end, offs_m, offs_n, offs_d, S, D, qk_scale,
-                   MASK: tl.constexpr, IS_CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
-                   UPCAST: tl.constexpr):
+def load_rows(base, rows, offs_d, n_rows, D: tl.constexpr, BLOCK_D: tl.constexpr, ROW_MASK: tl.constexpr):
+    """Rows ``rows`` (R,) of a row-major (n_rows, D) matrix at ``base``: an (R, BLOCK_D) block.
+
+    Taught in notebook 15, "The forward kernel".
+
+    Columns past D read 0 (BLOCK_D is D rounded up to a power of 2); with ROW_MASK rows past n_rows
+    read 0 too. Without it, and with D a power of 2, the load has no mask at all.
+    """
+    ptrs = base + rows[:, None] * D + offs_d[None, :]
+    if ROW_MASK:
+        if BLOCK_D == D:
+            x = tl.load(ptrs, mask=rows[:, None] < n_rows, other=0.0)
+        else:
+            x = tl.load(ptrs, mask=(rows[:, None] < n_rows) & (offs_d[None, :] < D), other=0.0)
+    else:
+        if BLOCK_D == D:
+            x = tl.load(ptrs)
+        else:
+            x = tl.load(ptrs, mask=offs_d[None, :] < D, other=0.0)
+    return x
+
+
+@triton.jit
+def store_rows(base, rows, offs_d, n_rows, x, D: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Store the (R, BLOCK_D) block x into rows ``rows`` of a row-major (n_rows, D) matrix, masked."""
+    ptrs = base + rows[:, None] * D + offs_d[None, :]
+    if BLOCK_D == D:
+        tl.store(ptrs, x, mask=rows[:, None] < n_rows)
+    else:
+        tl.store(ptrs, x, mask=(rows[:, None] < n_rows) & (offs_d[None, :] < D))
+
+
+# ------------------------------------------------------------------------------------------ forward
+
+@triton.jit
+def attn_fwd_inner(acc, l_i, m_i, q, K_head, V_head, k_start, k_end, offs_m, offs_n, offs_d, S, qk_scale,
+                   MASK: tl.constexpr, IS_CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
+                   BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """One query block's walk over the key blocks k_start, k_start + BLOCK_N, ... < k_end.
+
+    Taught in notebook 15, "The forward kernel".
 
     The online softmax: m_i (BLOCK_M,) running max, l_i (BLOCK_M,) running sum, acc (BLOCK_M, BLOCK_D)
     running output, all float32; q (BLOCK_M, BLOCK_D). With MASK the keys past S (and, causal, the
-    keys after each query) get score -inf; without it no mask is built at all.
+    keys after each query) get score -inf; without it no mask is built and the loads are unmasked.
     """
     for k0 in range(k_start, k_end, BLOCK_N):
         offs_k = k0 + offs_n                                                       # (BLOCK_N,) key rows
-        kv_mask = (offs_k[:, None] < S) & (offs_d[None, :] < D)
-        k = tl.load(K_ptr + offs_k[:, None] * D + offs_d[None, :], mask=kv_mask, other=0.0)   # (BLOCK_N, BLOCK_D)
-        v = tl.load(V_ptr + offs_k[:, None] * D + offs_d[None, :], mask=kv_mask, other=0.0)   # (BLOCK_N, BLOCK_D)
-        s = dot(q, tl.trans(k), PRECISION, UPCAST) * qk_scale          # (BLOCK_M, BLOCK_N), base 2
+        k = load_rows(K_head, offs_k, offs_d, S, D, BLOCK_D, MASK)                 # (BLOCK_N, BLOCK_D)
+        v = load_rows(V_head, offs_k, offs_d, S, D, BLOCK_D, MASK)                 # (BLOCK_N, BLOCK_D)
+        s = dot(q, tl.trans(k), PRECISION, UPCAST) * qk_scale                      # (BLOCK_M, BLOCK_N), base 2
         if MASK:
             keep = offs_k[None, :] < S
             if IS_CAUSAL:
@@ -83,25 +143,31 @@ def attn_fwd_inner(acc, l_i, m_i, q, K_ptr, V_ptr, k_start, k_end, offs_m, offs_
 
 
 @triton.jit
-def attn_fwd_kernel(Q, K, V, O, LSE2, L, S, D, qk_scale,
-                    IS_CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+def attn_fwd_kernel(Q, K, V, O, LSE, N, L, S, qk_scale,
+                    D: tl.constexpr, IS_CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    """Program (start_m, n): queries start_m * BLOCK_M ... + BLOCK_M - 1 of (batch, head) n.
+    """Program pid: queries start_m * BLOCK_M ... + BLOCK_M - 1 of head n = pid // ceil(L / BLOCK_M).
 
-    Q (N, L, D), K and V (N, S, D), O (N, L, D), LSE2 (N, L) float32, base 2.
+    Taught in notebook 15, "The forward kernel".
+
+    Q (N, L, D), K and V (N, S, D), O (N, L, D), LSE (N, L) float32, natural log.
     Causal (top-left, key j <= query i): key blocks entirely at or below every query of the block
     run without a mask (stage 1), the blocks that straddle the diagonal with one (stage 2), and the
-    blocks after the last query are never loaded: the loop ends there.
+    blocks after the last query are never loaded: the loop ends there. Causal programs run the
+    longest (last) query blocks of a head first.
     """
-    start_m = tl.program_id(0)                       # which block of queries
-    n = tl.program_id(1)                             # which (batch, head)
+    pid = tl.program_id(0)
+    n_blocks = tl.cdiv(L, BLOCK_M)
+    head = (pid // n_blocks).to(tl.int64)            # which (batch, head); int64 offsets below
+    start_m = pid % n_blocks                         # which block of queries
+    if IS_CAUSAL:
+        start_m = n_blocks - 1 - start_m             # the busiest programs first
     q0 = start_m * BLOCK_M
     offs_m = q0 + tl.arange(0, BLOCK_M)              # (BLOCK_M,) query rows
     offs_n = tl.arange(0, BLOCK_N)                   # (BLOCK_N,) key rows within a block
     offs_d = tl.arange(0, BLOCK_D)                   # (BLOCK_D,) features, BLOCK_D = next power of 2 >= D
-    Q_ptr, K_ptr, V_ptr = Q + n * L * D, K + n * S * D, V + n * S * D
-    q_mask = (offs_m[:, None] < L) & (offs_d[None, :] < D)
-    q = tl.load(Q_ptr + offs_m[:, None] * D + offs_d[None, :], mask=q_mask, other=0.0)   # (BLOCK_M, BLOCK_D)
+    Q_head, K_head, V_head = Q + head * L * D, K + head * S * D, V + head * S * D
+    q = load_rows(Q_head, offs_m, offs_d, L, D, BLOCK_D, True)                    # (BLOCK_M, BLOCK_D)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)     # running max
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)                   # running sum
@@ -113,102 +179,179 @@ def attn_fwd_kernel(Q, K, V, O, LSE2, L, S, D, qk_scale,
     else:
         k_end = S
         unmasked_end = (S // BLOCK_N) * BLOCK_N                   # full blocks; the tail block needs the mask
-    acc, l_i, m_i = attn_fwd_inner(acc, l_i, m_i, q, K_ptr, V_ptr, 0, unmasked_end, offs_m, offs_n, offs_d,
-                                   S, D, qk_scale, False, IS_CAUSAL, BLOCK_N, PRECISION, UPCAST)      # stage 1
-    acc, l_i, m_i = attn_fwd_inner(acc, l_i, m_i, q, K_ptr, V_ptr, unmasked_end, k_end, offs_m, offs_n, offs_d,
-                                   S, D, qk_scale, True, IS_CAUSAL, BLOCK_N, PRECISION, UPCAST)       # stage 2
+    acc, l_i, m_i = attn_fwd_inner(acc, l_i, m_i, q, K_head, V_head, 0, unmasked_end, offs_m, offs_n, offs_d,
+                                   S, qk_scale, False, IS_CAUSAL, BLOCK_N, D, BLOCK_D, PRECISION, UPCAST)  # 1
+    acc, l_i, m_i = attn_fwd_inner(acc, l_i, m_i, q, K_head, V_head, unmasked_end, k_end, offs_m, offs_n, offs_d,
+                                   S, qk_scale, True, IS_CAUSAL, BLOCK_N, D, BLOCK_D, PRECISION, UPCAST)   # 2
 
     out = acc / l_i[:, None]                                      # every row saw key 0, so l_i > 0
-    tl.store(O + n * L * D + offs_m[:, None] * D + offs_d[None, :], out.to(O.dtype.element_ty), mask=q_mask)
-    tl.store(LSE2 + n * L + offs_m, m_i + tl.log2(l_i), mask=offs_m < L)
+    store_rows(O + head * L * D, offs_m, offs_d, L, out.to(O.dtype.element_ty), D, BLOCK_D)
+    tl.store(LSE + head * L + offs_m, (m_i + tl.log2(l_i)) * LN_2, mask=offs_m < L)   # natural log
+
+
+# ------------------------------------------------------------------------------------------ backward
+
+@triton.jit
+def attn_bwd_preprocess_kernel(O, DO, DELTA, N, L, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    """DELTA_i = sum_d dO_id * O_id, float32, for BLOCK_M rows per program: one float per query.
+
+    Taught in notebook 15, "The backward kernels".
+    """
+    pid = tl.program_id(0)
+    n_blocks = tl.cdiv(L, BLOCK_M)
+    head = (pid // n_blocks).to(tl.int64)
+    offs_m = (pid % n_blocks) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    o = load_rows(O + head * L * D, offs_m, offs_d, L, D, BLOCK_D, True).to(tl.float32)    # (BLOCK_M, BLOCK_D)
+    do = load_rows(DO + head * L * D, offs_m, offs_d, L, D, BLOCK_D, True).to(tl.float32)  # (BLOCK_M, BLOCK_D)
+    tl.store(DELTA + head * L + offs_m, tl.sum(o * do, 1), mask=offs_m < L)
 
 
 @triton.jit
-def attn_bwd_dkdv_kernel(Q, K, V, DO, LSE2, DELTA, DK, DV, L, S, D, qk_scale, scale,
-                         IS_CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                         BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    """Program (start_n, n): dK and dV of keys start_n * BLOCK_N ... + BLOCK_N - 1 of (batch, head) n.
+def attn_bwd_dkdv_inner(dk, dv, k, v, Q_head, DO_head, LSE_head, DELTA_head, q_start, q_end, offs_k, offs_d,
+                        L, qk_scale, MASK: tl.constexpr, IS_CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
+                        D: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """One key block's walk over the query blocks q_start, q_start + BLOCK_M, ... < q_end: four matmuls a step.
 
-    Walks over the query blocks, recomputing each tile of probabilities from the saved LSE2
-    (P = 2^(S * qk_scale - LSE2), no softmax pass needed) and accumulating, in float32,
-        dV += P^T dO,      dP = dO V^T,      dS = P * (dP - DELTA),      dK += dS^T Q * scale
-    with DELTA = rowsum(dO * O). Causal: query blocks that end before k0 see none of these keys and
-    are skipped by the loop's start.
+    Taught in notebook 15, "The backward kernels".
+
+        P^T = 2^(K Q^T * qk_scale - lse_2),  dV += P^T dO,  dP^T = V dO^T,  dS^T = P^T * (dP^T - DELTA),
+        dK += dS^T Q   (times scale, once, at the end)
+
+    k, v (BLOCK_N, BLOCK_D) stay; dk, dv (BLOCK_N, BLOCK_D) float32. With MASK, query rows past L read 0
+    and (causal) pairs with key j > query i get P = 0; without it nothing is masked.
     """
-    start_n = tl.program_id(0)
-    n = tl.program_id(1)
-    k0 = start_n * BLOCK_N
+    for q0 in range(q_start, q_end, BLOCK_M):
+        offs_m = q0 + tl.arange(0, BLOCK_M)                                   # (BLOCK_M,) query rows
+        q = load_rows(Q_head, offs_m, offs_d, L, D, BLOCK_D, MASK)           # (BLOCK_M, BLOCK_D)
+        do = load_rows(DO_head, offs_m, offs_d, L, D, BLOCK_D, MASK)         # (BLOCK_M, BLOCK_D)
+        if MASK:
+            lse2 = tl.load(LSE_head + offs_m, mask=offs_m < L, other=0.0) * LOG2_E    # (BLOCK_M,) base 2
+            delta = tl.load(DELTA_head + offs_m, mask=offs_m < L, other=0.0)          # (BLOCK_M,)
+        else:
+            lse2 = tl.load(LSE_head + offs_m) * LOG2_E
+            delta = tl.load(DELTA_head + offs_m)
+        pT = tl.exp2(dot(k, tl.trans(q), PRECISION, UPCAST) * qk_scale - lse2[None, :])   # (BLOCK_N, BLOCK_M)
+        if MASK:
+            keep = offs_m[None, :] < L
+            if IS_CAUSAL:
+                keep = keep & (offs_k[:, None] <= offs_m[None, :])
+            pT = tl.where(keep, pT, 0.0)
+        dv += dot(pT.to(do.dtype), do, PRECISION, UPCAST)
+        dpT = dot(v, tl.trans(do), PRECISION, UPCAST)                         # (BLOCK_N, BLOCK_M) dP^T
+        dsT = pT * (dpT - delta[None, :])                                     # (BLOCK_N, BLOCK_M) dS^T
+        dk += dot(dsT.to(q.dtype), q, PRECISION, UPCAST)
+    return dk, dv
+
+
+@triton.jit
+def attn_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, N, L, S, qk_scale, scale,
+                         D: tl.constexpr, IS_CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                         BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """Program pid: dK, dV of keys start_n * BLOCK_N ... + BLOCK_N - 1 of head n = pid // ceil(S / BLOCK_N).
+
+    Taught in notebook 15, "The backward kernels".
+
+    Walks the query blocks in up to three stages: causal, the blocks on the diagonal (masked); then
+    the full query blocks below it (no mask); then the last, partial query block (masked). Query
+    blocks that end before the key block starts see none of its keys: the loop starts after them.
+    Keys past S are loaded as 0; their rows of dK and dV are computed and never stored.
+    """
+    pid = tl.program_id(0)
+    n_blocks = tl.cdiv(S, BLOCK_N)
+    head = (pid // n_blocks).to(tl.int64)
+    k0 = (pid % n_blocks) * BLOCK_N
     offs_k = k0 + tl.arange(0, BLOCK_N)              # (BLOCK_N,) key rows
     offs_d = tl.arange(0, BLOCK_D)
-    kv_mask = (offs_k[:, None] < S) & (offs_d[None, :] < D)
-    kv_offsets = n * S * D + offs_k[:, None] * D + offs_d[None, :]
-    k = tl.load(K + kv_offsets, mask=kv_mask, other=0.0)          # (BLOCK_N, BLOCK_D)
-    v = tl.load(V + kv_offsets, mask=kv_mask, other=0.0)          # (BLOCK_N, BLOCK_D)
+    k = load_rows(K + head * S * D, offs_k, offs_d, S, D, BLOCK_D, True)          # (BLOCK_N, BLOCK_D)
+    v = load_rows(V + head * S * D, offs_k, offs_d, S, D, BLOCK_D, True)          # (BLOCK_N, BLOCK_D)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    Q_head, DO_head = Q + head * L * D, DO + head * L * D
+    LSE_head, DELTA_head = LSE + head * L, DELTA + head * L
 
-    q_start = 0
+    full_end = (L // BLOCK_M) * BLOCK_M              # query blocks before full_end have BLOCK_M rows
     if IS_CAUSAL:
-        q_start = (k0 // BLOCK_M) * BLOCK_M                       # the first query block with a query i >= k0
-    for q_blk in range(q_start, L, BLOCK_M):
-        offs_m = q_blk + tl.arange(0, BLOCK_M)                    # (BLOCK_M,) query rows
-        q_mask = (offs_m[:, None] < L) & (offs_d[None, :] < D)
-        q_offsets = n * L * D + offs_m[:, None] * D + offs_d[None, :]
-        q = tl.load(Q + q_offsets, mask=q_mask, other=0.0)        # (BLOCK_M, BLOCK_D)
-        do = tl.load(DO + q_offsets, mask=q_mask, other=0.0)      # (BLOCK_M, BLOCK_D)
-        lse2 = tl.load(LSE2 + n * L + offs_m, mask=offs_m < L, other=0.0)    # (BLOCK_M,)
-        delta = tl.load(DELTA + n * L + offs_m, mask=offs_m < L, other=0.0)  # (BLOCK_M,)
-        sT = dot(k, tl.trans(q), PRECISION, UPCAST) * qk_scale   # (BLOCK_N, BLOCK_M) scores, transposed
-        keep = (offs_k[:, None] < S) & (offs_m[None, :] < L)
-        if IS_CAUSAL:
-            keep = keep & (offs_k[:, None] <= offs_m[None, :])
-        pT = tl.where(keep, tl.exp2(sT - lse2[None, :]), 0.0)    # (BLOCK_N, BLOCK_M) probabilities P^T
-        dv += dot(pT.to(do.dtype), do, PRECISION, UPCAST)
-        dpT = dot(v, tl.trans(do), PRECISION, UPCAST)             # (BLOCK_N, BLOCK_M) dP^T
-        dsT = pT * (dpT - delta[None, :])                                   # (BLOCK_N, BLOCK_M) dS^T
-        dk += dot(dsT.to(q.dtype), q, PRECISION, UPCAST)
-    tl.store(DK + kv_offsets, (dk * scale).to(DK.dtype.element_ty), mask=kv_mask)
-    tl.store(DV + kv_offsets, dv.to(DV.dtype.element_ty), mask=kv_mask)
+        q_start = (k0 // BLOCK_M) * BLOCK_M          # the first query block with a query i >= k0
+        diag_end = tl.minimum(tl.cdiv(k0 + BLOCK_N, BLOCK_M) * BLOCK_M, full_end)  # past it: every i >= every j
+        diag_end = tl.maximum(diag_end, q_start)
+    else:
+        q_start = 0
+        diag_end = 0
+    dk, dv = attn_bwd_dkdv_inner(dk, dv, k, v, Q_head, DO_head, LSE_head, DELTA_head, q_start, diag_end, offs_k,
+                                 offs_d, L, qk_scale, True, IS_CAUSAL, BLOCK_M, D, BLOCK_D, PRECISION, UPCAST)
+    dk, dv = attn_bwd_dkdv_inner(dk, dv, k, v, Q_head, DO_head, LSE_head, DELTA_head, diag_end, full_end, offs_k,
+                                 offs_d, L, qk_scale, False, IS_CAUSAL, BLOCK_M, D, BLOCK_D, PRECISION, UPCAST)
+    dk, dv = attn_bwd_dkdv_inner(dk, dv, k, v, Q_head, DO_head, LSE_head, DELTA_head, tl.maximum(full_end, diag_end),
+                                 L, offs_k, offs_d, L, qk_scale, True, IS_CAUSAL, BLOCK_M, D, BLOCK_D, PRECISION,
+                                 UPCAST)
+    store_rows(DK + head * S * D, offs_k, offs_d, S, (dk * scale).to(DK.dtype.element_ty), D, BLOCK_D)
+    store_rows(DV + head * S * D, offs_k, offs_d, S, dv.to(DV.dtype.element_ty), D, BLOCK_D)
 
 
 @triton.jit
-def attn_bwd_dq_kernel(Q, K, V, DO, LSE2, DELTA, DQ, L, S, D, qk_scale, scale,
-                       IS_CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                       BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    """Program (start_m, n): dQ of queries start_m * BLOCK_M ... + BLOCK_M - 1 of (batch, head) n.
+def attn_bwd_dq_inner(dq, q, do, lse2, delta, K_head, V_head, k_start, k_end, offs_m, offs_n, offs_d, S, qk_scale,
+                      MASK: tl.constexpr, IS_CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
+                      BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """One query block's walk over key blocks k_start, ... < k_end: three matmuls a step.
 
-    Walks over the key blocks like the forward pass (causal: ending after the block's last query),
-    recomputing P from LSE2 and accumulating dQ += dS K * scale, dS = P * (dO V^T - DELTA).
+    Taught in notebook 15, "The backward kernels".
+
+        P = 2^(Q K^T * qk_scale - lse_2),  dP = dO V^T,  dS = P * (dP - DELTA),  dQ += dS K
+    With MASK keys past S (and, causal, keys after each query) get P = 0.
     """
-    start_m = tl.program_id(0)
-    n = tl.program_id(1)
+    for k0 in range(k_start, k_end, BLOCK_N):
+        offs_k = k0 + offs_n
+        k = load_rows(K_head, offs_k, offs_d, S, D, BLOCK_D, MASK)               # (BLOCK_N, BLOCK_D)
+        v = load_rows(V_head, offs_k, offs_d, S, D, BLOCK_D, MASK)               # (BLOCK_N, BLOCK_D)
+        p = tl.exp2(dot(q, tl.trans(k), PRECISION, UPCAST) * qk_scale - lse2[:, None])   # (BLOCK_M, BLOCK_N)
+        if MASK:
+            keep = offs_k[None, :] < S
+            if IS_CAUSAL:
+                keep = keep & (offs_k[None, :] <= offs_m[:, None])
+            p = tl.where(keep, p, 0.0)
+        dp = dot(do, tl.trans(v), PRECISION, UPCAST)                             # (BLOCK_M, BLOCK_N)
+        ds = p * (dp - delta[:, None])
+        dq += dot(ds.to(k.dtype), k, PRECISION, UPCAST)
+    return dq
+
+
+@triton.jit
+def attn_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, N, L, S, qk_scale, scale,
+                       D: tl.constexpr, IS_CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """Program pid: dQ of queries start_m * BLOCK_M ... + BLOCK_M - 1 of head n = pid // ceil(L / BLOCK_M).
+
+    Taught in notebook 15, "The backward kernels".
+
+    Walks the key blocks with the forward's two stages (no mask, then the diagonal and the tail of S),
+    recomputing P from the saved log-sum-exp; causal, the busiest query blocks run first.
+    """
+    pid = tl.program_id(0)
+    n_blocks = tl.cdiv(L, BLOCK_M)
+    head = (pid // n_blocks).to(tl.int64)
+    start_m = pid % n_blocks
+    if IS_CAUSAL:
+        start_m = n_blocks - 1 - start_m
     q0 = start_m * BLOCK_M
     offs_m = q0 + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
-    q_mask = (offs_m[:, None] < L) & (offs_d[None, :] < D)
-    q_offsets = n * L * D + offs_m[:, None] * D + offs_d[None, :]
-    q = tl.load(Q + q_offsets, mask=q_mask, other=0.0)            # (BLOCK_M, BLOCK_D)
-    do = tl.load(DO + q_offsets, mask=q_mask, other=0.0)          # (BLOCK_M, BLOCK_D)
-    lse2 = tl.load(LSE2 + n * L + offs_m, mask=offs_m < L, other=0.0)
-    delta = tl.load(DELTA + n * L + offs_m, mask=offs_m < L, other=0.0)
+    q = load_rows(Q + head * L * D, offs_m, offs_d, L, D, BLOCK_D, True)         # (BLOCK_M, BLOCK_D)
+    do = load_rows(DO + head * L * D, offs_m, offs_d, L, D, BLOCK_D, True)       # (BLOCK_M, BLOCK_D)
+    lse2 = tl.load(LSE + head * L + offs_m, mask=offs_m < L, other=0.0) * LOG2_E
+    delta = tl.load(DELTA + head * L + offs_m, mask=offs_m < L, other=0.0)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    K_head, V_head = K + head * S * D, V + head * S * D
 
-    k_end = S
     if IS_CAUSAL:
-        k_end = tl.minimum(S, q0 + BLOCK_M)                       # keys after the block's last query: skipped
-    for k0 in range(0, k_end, BLOCK_N):
-        offs_k = k0 + offs_n
-        kv_mask = (offs_k[:, None] < S) & (offs_d[None, :] < D)
-        kv_offsets = n * S * D + offs_k[:, None] * D + offs_d[None, :]
-        k = tl.load(K + kv_offsets, mask=kv_mask, other=0.0)      # (BLOCK_N, BLOCK_D)
-        v = tl.load(V + kv_offsets, mask=kv_mask, other=0.0)      # (BLOCK_N, BLOCK_D)
-        s = dot(q, tl.trans(k), PRECISION, UPCAST) * qk_scale    # (BLOCK_M, BLOCK_N)
-        keep = (offs_k[None, :] < S) & (offs_m[:, None] < L)
-        if IS_CAUSAL:
-            keep = keep & (offs_k[None, :] <= offs_m[:, None])
-        p = tl.where(keep, tl.exp2(s - lse2[:, None]), 0.0)      # (BLOCK_M, BLOCK_N)
-        dp = dot(do, tl.trans(v), PRECISION, UPCAST)  # (BLOCK_M, BLOCK_N)
-        ds = p * (dp - delta[:, None])
-        dq += dot(ds.to(k.dtype), k, PRECISION, UPCAST)
-    tl.store(DQ + q_offsets, (dq * scale).to(DQ.dtype.element_ty), mask=q_mask)
+        k_end = tl.minimum(S, q0 + BLOCK_M)
+        unmasked_end = tl.minimum((q0 + 1) // BLOCK_N, S // BLOCK_N) * BLOCK_N
+    else:
+        k_end = S
+        unmasked_end = (S // BLOCK_N) * BLOCK_N
+    dq = attn_bwd_dq_inner(dq, q, do, lse2, delta, K_head, V_head, 0, unmasked_end, offs_m, offs_n, offs_d, S,
+                           qk_scale, False, IS_CAUSAL, BLOCK_N, D, BLOCK_D, PRECISION, UPCAST)
+    dq = attn_bwd_dq_inner(dq, q, do, lse2, delta, K_head, V_head, unmasked_end, k_end, offs_m, offs_n, offs_d, S,
+                           qk_scale, True, IS_CAUSAL, BLOCK_N, D, BLOCK_D, PRECISION, UPCAST)
+    store_rows(DQ + head * L * D, offs_m, offs_d, L, (dq * scale).to(DQ.dtype.element_ty), D, BLOCK_D)

@@ -17,7 +17,9 @@ if ta.available():
     import triton
     import triton.language as tl
 
-__all__ = ["check_online_update", "check_causal_bounds"]
+    from .. import triton_kernels  # noqa: F401  (importing it lets Triton 3.6's interpreter take loop bounds)
+
+__all__ = ["check_online_update", "check_causal_bounds", "check_copy_grid", "check_copy_kernel"]
 
 BLOCK_M, BLOCK_N, D = 16, 16, 16
 
@@ -174,3 +176,101 @@ def check_causal_bounds(fn) -> None:
                                 f"not; a block ending at or before q0 is whole for every query, so {want_unmasked}")
     return passed("the causal loop bounds: no mask up to floor((q0 + 1) / block_n) * block_n, end at "
                   "min(S, q0 + block_m)")
+
+
+# ------------------------------------------------------------------ a kernel of your own: pointers, masks, grid
+
+COPY_ROWS, COPY_COLS, COPY_BLOCK_R, COPY_BLOCK_C = 37, 20, 16, 32    # blocks that divide nothing
+STRIDE_X, STRIDE_Y = 48, 40                                          # rows of x, y lie this far apart
+
+
+def _copy_buffers() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x (37, 20) and y (37, 20), each a window of a larger buffer (row strides 48 and 40) whose margin of
+    BLOCK_R rows and BLOCK_C columns catches reads and writes past the edges without leaving the buffer."""
+    x_full = torch.arange((COPY_ROWS + COPY_BLOCK_R) * STRIDE_X, dtype=torch.float32).reshape(-1, STRIDE_X)
+    y_full = torch.full((COPY_ROWS + COPY_BLOCK_R, STRIDE_Y), -1.0)
+    return x_full, y_full, x_full[:COPY_ROWS, :COPY_COLS], y_full[:COPY_ROWS, :COPY_COLS]
+
+
+def _stub(fn, *args) -> bool:
+    """True when fn still raises NotImplementedError (called with placeholder arguments)."""
+    try:
+        attempt(fn, *args)
+    except NotAttempted:
+        return True
+    except Exception:          # a real kernel body fails outside a kernel: it is attempted
+        return False
+    return False
+
+
+def check_copy_grid(copy_grid) -> None:
+    """``copy_grid(n_rows, block_r) -> grid``: the launch grid of ``copy_rows``, one program per block of
+    block_r rows (a tuple, as Triton takes it). Names a grid that drops the last, partial block."""
+    if _stub(copy_grid, COPY_ROWS, COPY_BLOCK_R):
+        return not_attempted("copy_grid")
+    for n_rows, block_r in ((COPY_ROWS, COPY_BLOCK_R), (64, 16), (1, 32), (4097, 128)):
+        grid = attempt(copy_grid, n_rows, block_r)
+        want = -(-n_rows // block_r)
+        if not isinstance(grid, tuple) or not grid or not all(isinstance(g, int) for g in grid):
+            raise ExerciseError(f"copy_grid must return a tuple of ints, e.g. (programs,), got {grid!r}")
+        if len(grid) != 1 or grid[0] != want:
+            hint = " (floor division drops the last, partial block of rows)" if grid[0] == n_rows // block_r else ""
+            raise ExerciseError(f"copy_grid({n_rows}, {block_r}) = {grid}: one program per block of rows needs "
+                                f"(ceil(n_rows / block_r),) = ({want},){hint}")
+    return passed("one program per block of rows, the last partial block included: (ceil(n_rows / block_r),)")
+
+
+def check_copy_kernel(copy_rows) -> None:
+    """``copy_rows(X, Y, n_rows, n_cols, stride_x, stride_y, BLOCK_R, BLOCK_C)``, a Triton kernel body: copy an
+    (n_rows, n_cols) matrix whose rows lie stride_x elements apart into one whose rows lie stride_y apart,
+    BLOCK_R rows per program.
+
+    The checker launches it (under the interpreter on a CPU) on the grid (ceil(37 / 16),) over 37 x 20
+    windows of larger buffers, with blocks of 16 x 32 that divide nothing, and names the mistake: a mask
+    that lets row n_rows or column n_cols through (<= for <) or is missing, a row stride taken as n_cols.
+    """
+    if _stub(copy_rows, *([None] * 8)):
+        return not_attempted("copy_kernel")
+    if not ta.available():
+        print("Triton is not installed here (Linux only): this checker needs it to launch your kernel.")
+        return None
+    grid = (-(-COPY_ROWS // COPY_BLOCK_R),)
+    x_full, y_full, _, _ = _copy_buffers()
+    device = ta.best_device()
+    x_full, y_full = x_full.to(device), y_full.to(device)
+    kernel = triton.jit(copy_rows)
+    try:
+        kernel[grid](x_full, y_full, COPY_ROWS, COPY_COLS, STRIDE_X, STRIDE_Y, BLOCK_R=COPY_BLOCK_R,
+                     BLOCK_C=COPY_BLOCK_C)
+    except Exception as err:
+        cause = err
+        while cause.__cause__ is not None:
+            cause = cause.__cause__
+        raise ExerciseError(f"the kernel failed: {cause!r}. Build rows = pid * BLOCK_R + tl.arange(0, BLOCK_R) and "
+                            "cols = tl.arange(0, BLOCK_C), then X + rows[:, None] * stride_x + cols[None, :]") from None
+    x_full, y_full = x_full.cpu(), y_full.cpu()
+    x, y = x_full[:COPY_ROWS, :COPY_COLS], y_full[:COPY_ROWS, :COPY_COLS]
+    margin = y_full.clone()
+    margin[:COPY_ROWS, :COPY_COLS] = -1.0
+    touched = margin != -1.0
+    if touched.any():
+        rows, cols = touched.nonzero(as_tuple=True)
+        if rows.max() == COPY_ROWS and cols.max() <= COPY_COLS or cols.max() == COPY_COLS and rows.max() <= COPY_ROWS:
+            raise ExerciseError("your kernel wrote row n_rows or column n_cols, one past the edge: the mask must be "
+                                "rows < n_rows and cols < n_cols (< where you wrote <=)")
+        raise ExerciseError(f"your kernel wrote outside the {COPY_ROWS} x {COPY_COLS} matrix (up to row "
+                            f"{int(rows.max())}, column {int(cols.max())}): mask both loads and stores with "
+                            "(rows[:, None] < n_rows) & (cols[None, :] < n_cols)")
+    if torch.equal(y, x):
+        return passed("copied a 37 x 20 window with strides 48 and 40, blocks of 16 x 32, and nothing outside it")
+    flat = x_full.reshape(-1)
+    index = torch.arange(COPY_ROWS)[:, None] * COPY_COLS + torch.arange(COPY_COLS)[None, :]
+    if torch.equal(y, flat[index]):
+        raise ExerciseError("the rows of x were read n_cols apart: x's rows lie stride_x elements apart "
+                            "(X + rows[:, None] * stride_x + cols[None, :])")
+    if (y == -1).any():
+        raise ExerciseError("some elements of y were never written: check the store's pointers, "
+                            "Y + rows[:, None] * stride_y + cols[None, :], and that its mask matches the load's")
+    raise ExerciseError("y differs from x: load X + rows[:, None] * stride_x + cols[None, :] and store to "
+                        "Y + rows[:, None] * stride_y + cols[None, :], both with the mask")
+

@@ -10,6 +10,10 @@ from selfattn_lite.exercises import nb15 as check
 
 if ta.available():
     import triton.language as tl
+else:                                  # the kernels below are still defined (their annotations need a tl.constexpr)
+    from types import SimpleNamespace
+
+    tl = SimpleNamespace(constexpr=None)
 
 
 def stub(*args):
@@ -115,3 +119,79 @@ def test_online_update_says_when_triton_is_missing(monkeypatch, capsys):
     monkeypatch.setattr(ta, "available", lambda: False)
     check.check_online_update(lambda m_i, l_i, acc, s, v: (m_i, l_i, acc))
     assert "Triton is not installed" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------- a kernel of your own
+
+def good_copy(X, Y, n_rows, n_cols, stride_x, stride_y, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = tl.arange(0, BLOCK_C)
+    mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
+    x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask)
+    tl.store(Y + rows[:, None] * stride_y + cols[None, :], x, mask=mask)
+
+
+def off_by_one_copy(X, Y, n_rows, n_cols, stride_x, stride_y, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = tl.arange(0, BLOCK_C)
+    mask = (rows[:, None] <= n_rows) & (cols[None, :] <= n_cols)
+    x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask)
+    tl.store(Y + rows[:, None] * stride_y + cols[None, :], x, mask=mask)
+
+
+def unmasked_copy(X, Y, n_rows, n_cols, stride_x, stride_y, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = tl.arange(0, BLOCK_C)
+    x = tl.load(X + rows[:, None] * stride_x + cols[None, :])
+    tl.store(Y + rows[:, None] * stride_y + cols[None, :], x)
+
+
+def wrong_stride_copy(X, Y, n_rows, n_cols, stride_x, stride_y, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = tl.arange(0, BLOCK_C)
+    mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
+    x = tl.load(X + rows[:, None] * n_cols + cols[None, :], mask=mask)
+    tl.store(Y + rows[:, None] * stride_y + cols[None, :], x, mask=mask)
+
+
+def good_grid(n_rows, block_r):
+    return ((n_rows + block_r - 1) // block_r,)
+
+
+def test_copy_grid_right_answer_passes(capsys):
+    check.check_copy_grid(good_grid)
+    assert "Correct" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("grid, message", [
+    (lambda n, b: (n // b,), "floor division drops the last"),
+    (lambda n, b: n // b + 1, "tuple of ints"),
+    (lambda n, b: (n // b + 1,), "ceil"),                       # right for 37 / 16, wrong for 64 / 16
+    (lambda n, b: ((n + b - 1) // b, 1), "ceil"),
+])
+def test_copy_grid_mistakes_are_named(grid, message):
+    with pytest.raises(ExerciseError, match=message):
+        check.check_copy_grid(grid)
+
+
+@needs_triton
+def test_copy_kernel_right_answer_passes(capsys):
+    check.check_copy_kernel(good_copy)
+    assert "Correct" in capsys.readouterr().out
+
+
+@needs_triton
+@pytest.mark.parametrize("kernel, message", [
+    (off_by_one_copy, "one past the edge"),
+    (unmasked_copy, "outside the 37 x 20 matrix"),
+    (wrong_stride_copy, "read n_cols apart"),
+])
+def test_copy_kernel_mistakes_are_named(kernel, message):
+    with pytest.raises(ExerciseError, match=message):
+        check.check_copy_kernel(kernel)
+
+
+def test_copy_stubs_are_not_attempted(capsys):
+    check.check_copy_grid(stub)
+    check.check_copy_kernel(stub)
+    assert capsys.readouterr().out.count("Not attempted yet") == 2

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from selfattn_lite import efficient
 from selfattn_lite import triton_attention as ta
 
 needs_triton = pytest.mark.skipif(not ta.available() and not os.environ.get("CI"), reason="Triton is not installed (Linux-only extra `triton`): "
@@ -23,15 +24,25 @@ needs_triton = pytest.mark.skipif(not ta.available() and not os.environ.get("CI"
 FEW = settings(max_examples=15, deadline=None)
 
 
+DEVICE = ta.best_device()      # CUDA where the kernels are compiled, else the CPU (the interpreter)
+# float32: exact products under the interpreter; TF32 tensor cores (10-bit mantissa) on a GPU
+FP32 = dict(atol=2e-5, rtol=1e-4) if DEVICE.type == "cpu" else dict(atol=2e-2, rtol=2e-2)
+
+
 def qkv(B, H, L, S, D, *, dtype=torch.float32, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return tuple(torch.randn(B, H, n, D, generator=g, dtype=torch.float64).to(dtype) for n in (L, S, S))
+    return tuple(torch.randn(B, H, n, D, generator=g, dtype=torch.float64).to(device=DEVICE, dtype=dtype)
+                 for n in (L, S, S))
+
+
+def randn(*shape, seed, dtype=torch.float32):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(device=DEVICE, dtype=dtype)
 
 
 def reference_lse(q, k, is_causal, scale):
     s = (q.double() @ k.double().transpose(-2, -1)) * scale            # (B, H, L, S)
     if is_causal:
-        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
+        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).triu(1), float("-inf"))
     return s.logsumexp(-1)
 
 
@@ -127,8 +138,8 @@ def test_forward_equals_sdpa_and_lse(B, H, L, S, D, block_m, block_n, causal, se
     q, k, v = qkv(B, H, L, S, D, seed=seed)
     scale = 1 / math.sqrt(D)
     out, lse = ta.forward(q, k, v, is_causal=causal, block_m=block_m, block_n=block_n)
-    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, is_causal=causal))
-    torch.testing.assert_close(lse, reference_lse(q, k, causal, scale).float())
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, is_causal=causal), **FP32)
+    torch.testing.assert_close(lse, reference_lse(q, k, causal, scale).float(), **FP32)
 
 
 @needs_triton
@@ -138,15 +149,15 @@ def test_forward_equals_sdpa_and_lse(B, H, L, S, D, block_m, block_n, causal, se
        seed=st.integers(0, 2**16))
 def test_gradients_equal_autograd_through_sdpa(L, S, D, block_m, block_n, causal, seed):
     q, k, v = qkv(1, 2, L, S, D, seed=seed)
-    do = torch.randn(1, 2, L, D, generator=torch.Generator().manual_seed(seed + 1))
+    do = randn(1, 2, L, D, seed=seed + 1)
 
     def triton_fn(q, k, v):
-        return ta.FlashAttentionFunction.apply(q, k, v, causal, 1 / math.sqrt(D), block_m, block_n, None, None)[0]
+        return ta.FlashAttentionFunction.apply(q, k, v, causal, 1 / math.sqrt(D), (block_m, block_n))[0]
 
     got = grads(triton_fn, q, k, v, do)
     want = grads(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal), q, k, v, do)
     for name, g, w in zip(("out", "dq", "dk", "dv"), got, want):
-        torch.testing.assert_close(g, w, atol=2e-5, rtol=1e-4, msg=lambda m, name=name: f"{name}: {m}")
+        torch.testing.assert_close(g, w, **FP32, msg=lambda m, name=name: f"{name}: {m}")
 
 
 @needs_triton
@@ -154,8 +165,8 @@ def test_gradients_equal_autograd_through_sdpa(L, S, D, block_m, block_n, causal
 def test_public_api_scale_and_lse(causal):
     q, k, v = qkv(2, 3, 40, 33, 32, seed=3)
     out, lse = ta.flash_attention(q, k, v, is_causal=causal, scale=0.3, return_lse=True)
-    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=0.3))
-    torch.testing.assert_close(lse, reference_lse(q, k, causal, 0.3).float())
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=0.3), **FP32)
+    torch.testing.assert_close(lse, reference_lse(q, k, causal, 0.3).float(), **FP32)
     assert lse.dtype == torch.float32 and lse.shape == (2, 3, 40)
     assert isinstance(ta.flash_attention(q, k, v), torch.Tensor)
 
@@ -165,10 +176,10 @@ def test_head_dims_16_to_128_and_a_non_contiguous_input():
     for D in (16, 80, 128):
         q, k, v = qkv(1, 1, 20, 20, D, seed=D)
         torch.testing.assert_close(ta.flash_attention(q, k, v, is_causal=True),
-                                   F.scaled_dot_product_attention(q, k, v, is_causal=True))
+                                   F.scaled_dot_product_attention(q, k, v, is_causal=True), **FP32)
     q, k, v = qkv(1, 4, 24, 24, 16, seed=9)
     q_t = q.transpose(1, 2).contiguous().transpose(1, 2)           # same values, strides of (B, L, H, D)
-    torch.testing.assert_close(ta.flash_attention(q_t, k, v), F.scaled_dot_product_attention(q, k, v))
+    torch.testing.assert_close(ta.flash_attention(q_t, k, v), F.scaled_dot_product_attention(q, k, v), **FP32)
 
 
 @needs_triton
@@ -177,7 +188,7 @@ def test_head_dims_16_to_128_and_a_non_contiguous_input():
 def test_half_precision_error_is_within_twice_sdpas(dtype, causal):
     """Output and gradients in bf16/fp16: error vs a float64 reference within 2x torch SDPA's own + eps."""
     q, k, v = qkv(1, 2, 45, 37, 32, dtype=torch.float64, seed=11)
-    do = torch.randn(1, 2, 45, 32, generator=torch.Generator().manual_seed(12), dtype=torch.float64)
+    do = randn(1, 2, 45, 32, seed=12, dtype=torch.float64)
 
     def sdpa(q, k, v):
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
@@ -216,12 +227,13 @@ def test_interpreter_bf16_dot_needs_the_upcast():
     (lambda: (torch.randn(1, 1, 0, 16), torch.randn(1, 1, 8, 16), torch.randn(1, 1, 8, 16)), "at least one"),
 ])
 def test_bad_inputs_raise_value_error(make, match):
+    tensors = [t.to(DEVICE) for t in make()]
     if not ta.available():
         with pytest.raises(ImportError, match="Triton is not installed"):
-            ta.flash_attention(*make())
+            ta.flash_attention(*tensors)
         return
     with pytest.raises(ValueError, match=match):
-        ta.flash_attention(*make())
+        ta.flash_attention(*tensors)
 
 
 @needs_triton
@@ -234,42 +246,171 @@ def test_bad_block_sizes_and_scale():
         ta.flash_attention(q, k, v, scale=float("nan"))
 
 
-# ----------------------------------------------------------------------------- the GPU code paths, run tiny here
+# ----------------------------------------------------------------------------- tile classification, one for all
+
+@given(L=st.integers(1, 130), S=st.integers(1, 130), block_m=st.sampled_from([16, 32, 64]),
+       block_n=st.sampled_from([16, 32, 64]), causal=st.booleans())
+def test_loop_bounds_are_efficient_tile_kind(L, S, block_m, block_n, causal):
+    """key_block_bounds (forward, dQ) and query_block_bounds (dK/dV) classify tiles as efficient.tile_kind
+    does: FULL tiles (inside L and S) run unmasked, PARTIAL masked, SKIP never; the partial edges of L and S
+    count as PARTIAL in a kernel (its unmasked loads need whole blocks)."""
+    below, above = (L + S, 0) if causal else (L + S, L + S)
+
+    def kind(q0, k0):
+        whole = q0 + block_m <= L and k0 + block_n <= S
+        k = efficient.tile_kind(q0, min(q0 + block_m, L), k0, min(k0 + block_n, S), below, above)
+        return efficient.PARTIAL if k == efficient.FULL and not whole else k
+
+    for q0 in range(0, L, block_m):
+        unmasked_end, end = ta.key_block_bounds(q0, block_m, block_n, S, causal)
+        for k0 in range(0, S, block_n):
+            want = kind(q0, k0)
+            if k0 < unmasked_end:
+                assert want == efficient.FULL or (q0 + block_m > L and want == efficient.PARTIAL)
+            elif k0 < end:
+                assert want != efficient.SKIP or q0 + block_m > L      # rows past L: computed, never stored
+            else:
+                assert want == efficient.SKIP
+    for k0 in range(0, S, block_n):
+        start, diag_end, full_end = ta.query_block_bounds(k0, block_m, block_n, L, causal)
+        for q0 in range(0, L, block_m):
+            want = kind(q0, k0)
+            if q0 < start:
+                assert want == efficient.SKIP
+            elif diag_end <= q0 < full_end:
+                assert want == efficient.FULL or (k0 + block_n > S and want == efficient.PARTIAL)
+            elif not causal and q0 < full_end:
+                raise AssertionError("non-causal: every full query block is unmasked")
+
+
+# ----------------------------------------------------------------------------- the CUDA launch path, faked on a CPU
+
+class FakeKernel:
+    """Stands in for a (possibly autotuned) kernel: records the launch grid, or raises ``error``."""
+
+    def __init__(self, name, log, error=None):
+        self.name, self.log, self.error = name, log, error
+
+    def __getitem__(self, grid):
+        def run(*args, **meta):
+            blocks = dict(BLOCK_M=meta.get("BLOCK_M", 128), BLOCK_N=meta.get("BLOCK_N", 64))
+            self.log.append((self.name, grid(blocks) if callable(grid) else grid))
+            if self.error is not None:
+                raise self.error
+        return run
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    """Pretend the kernels are compiled for CUDA (``_compiled`` True, the autotuned path) while the tensors
+    stay on the CPU; ``_autotuned`` hands out ``FakeKernel``s. Returns the launch log and a setter for an error."""
+    log, errors = [], {}
+    monkeypatch.setattr(ta, "_compiled", lambda device: True)
+    monkeypatch.setattr(ta, "_check_device", lambda *tensors: None)     # CPU tensors pass, also on a GPU machine
+    monkeypatch.setattr(ta, "_autotuned", lambda name: FakeKernel(name, log, errors.get(name)))
+    return log, errors
+
 
 @needs_triton
-def test_autotune_picks_a_listed_config_and_caches_it():
-    """The CUDA autotune's logic, exercised under the interpreter at a tiny size (it times each config)."""
-    q, k, v = qkv(1, 1, 20, 20, 16, seed=5)
-    fwd, bwd = ta._tuned(q, k, v, True, 0.25)
-    assert fwd in ta.CUDA_FWD_CONFIGS and bwd in ta.CUDA_BWD_CONFIGS
-    assert ta._tuned(q, k, v, True, 0.25) == (fwd, bwd)
-    out, lse = ta.forward(q, k, v, is_causal=True, config=fwd)
-    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, is_causal=True))
+def test_device_is_checked_after_every_other_argument(monkeypatch):
+    """Issue 23 #1. On a CUDA machine CPU tensors are refused, but only after the checks a test asks about:
+    faked here by turning the interpreter off (``interpreting`` False) with CPU tensors."""
+    monkeypatch.setattr(ta, "interpreting", lambda: False)
+    q, k, v = (torch.randn(1, 1, 8, 16) for _ in range(3))
+    for block in (8, 48, True):
+        with pytest.raises(ValueError, match="power of 2"):
+            ta.forward(q, k, v, block_m=block)
+    with pytest.raises(ValueError, match="scale"):
+        ta.flash_attention(q, k, v, scale=float("nan"))
+    with pytest.raises(ValueError, match="same shape"):
+        ta.flash_attention(q, k[:, :, :4], v)
+    with pytest.raises(ValueError, match="q is on cpu"):
+        ta.flash_attention(q, k, v)
+    assert ta.best_device().type == ("cuda" if torch.cuda.is_available() else "cpu")   # interpreter off
 
 
 @needs_triton
-def test_benchmark_records_for_the_gpu_report():
-    """benchmark() checks against SDPA and returns JSON-able records; here on CPU at a tiny size."""
-    import json
+def test_a_kernel_error_surfaces_as_it_is(fake_cuda):
+    """Issue 23 #2. The old hand-written autotune caught every exception and then failed with 'min() arg is an
+    empty sequence'. Now the launch goes through ``@triton.autotune`` (which skips only configurations that run
+    out of resources and re-raises anything else) with no handler of ours around it: an illegal memory
+    access raised by the (faked) CUDA kernel reaches the caller unchanged."""
+    log, errors = fake_cuda
+    errors["attn_fwd_kernel"] = RuntimeError("CUDA error: an illegal memory access was encountered")
+    q, k, v = (torch.randn(1, 1, 8, 16) for _ in range(3))
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        ta.flash_attention(q, k, v)
+    assert log and log[0][0] == "attn_fwd_kernel"
 
-    records = ta.benchmark("cpu", B=1, H=1, ns=(24,), head_dims=(16,), dtype=torch.float32, budget_s=0.01)
-    assert len(records) == 1 * 1 * 2 * 2 * 2                       # (n, D) x causal x pass x impl
-    assert {r["pass"] for r in records} == {"fwd", "fwd+bwd"} and {r["impl"] for r in records} == {
-        "torch SDPA", "triton flash_attention"}
-    assert all(r["peak_share"] is None and r["ms"] > 0 for r in records)   # CPUs have no peak in bench
-    json.dumps(records)
-    assert set(ta.summarize(records, n=24, D=16)) == {"full", "causal"}
+
+@needs_triton
+def test_each_kernel_has_its_own_autotune_configs_and_key():
+    """Issue 23 #3 and #9: forward, dK/dV and dQ are autotuned separately, each on its own list, keyed on
+    B*H (N), L, S, D and causality (Triton adds the tensors' dtypes to the key itself)."""
+    import triton
+
+    for name, configs in (("attn_fwd_kernel", ta.FWD_CONFIGS), ("attn_bwd_dkdv_kernel", ta.DKDV_CONFIGS),
+                          ("attn_bwd_dq_kernel", ta.DQ_CONFIGS)):
+        tuned = ta._autotuned(name)
+        assert isinstance(tuned, triton.runtime.autotuner.Autotuner)
+        assert list(tuned.keys) == ["N", "L", "S", "D", "IS_CAUSAL"]
+        got = [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) for c in tuned.configs]
+        assert got == [(c["BLOCK_M"], c["BLOCK_N"], c["num_warps"], c["num_stages"]) for c in configs]
+    assert ta.DKDV_CONFIGS != ta.DQ_CONFIGS
+    assert all(c["BLOCK_N"] >= 2 * c["BLOCK_M"] for c in ta.DKDV_CONFIGS)     # dK/dV: a large key block stays
+    assert all(c["BLOCK_M"] >= 2 * c["BLOCK_N"] for c in ta.DQ_CONFIGS)       # dQ: a large query block stays
 
 
-def test_summarize_reads_the_goal_off_the_records():
-    records = []
-    for causal in (False, True):
-        for pass_, sdpa_ms, ours_ms in (("fwd", 2.0, 3.0), ("fwd+bwd", 7.0, 15.0)):   # bwd: 5 ms vs 12 ms
-            for impl, t in (("torch SDPA", sdpa_ms), ("triton flash_attention", ours_ms)):
-                records.append(dict(n=4096, D=128, causal=causal, impl=impl, ms=t, tflops=1.0, peak_share=None,
-                                    **{"pass": pass_}))
-    goal = ta.summarize(records)
-    assert goal["full"]["forward_ratio"] == 1.5 and goal["full"]["forward_goal_met"]
-    assert goal["causal"]["backward_ratio"] == 12 / 5 and goal["causal"]["backward_goal_met"]
-    with pytest.raises(ValueError, match="no record"):
-        ta.summarize(records, n=1024)
+@needs_triton
+def test_forward_only_call_tunes_only_the_forward(fake_cuda):
+    """Issue 23 #9: the first forward-only call used to time every backward configuration too."""
+    log, _ = fake_cuda
+    q, k, v = (torch.randn(1, 1, 8, 16) for _ in range(3))
+    with torch.no_grad():
+        ta.flash_attention(q, k, v)
+    assert [name for name, _ in log] == ["attn_fwd_kernel"]
+
+
+@needs_triton
+def test_heads_on_grid_axis_0_past_65535(fake_cuda):
+    """Issue 23 #8: B * H = 70,000 heads would not fit CUDA's grid axis 1 (at most 65,535). The launch grid
+    is one-dimensional: ceil(L / BLOCK_M) * B * H programs on axis 0 (the faked launch records it)."""
+    log, _ = fake_cuda
+    q, k, v = (torch.randn(700, 100, 4, 16) for _ in range(3))
+    with torch.no_grad():
+        ta.flash_attention(q, k, v)
+    (name, grid), = log
+    assert grid == (70_000,) and ta.launch_grid(700, 100, 4, 128) == (70_000,)
+
+
+@needs_triton
+def test_float32_uses_tf32_tensor_cores():
+    """Issue 23 #6: float32 ran the exact 'ieee' dot on CUDA (no tensor cores, a 75 s compile). It is TF32
+    now, as documented in flash_attention; under the interpreter the products stay exact float32."""
+    assert ta._precision(torch.float32) == "tf32"
+    assert "TF32" in ta.flash_attention.__doc__ and "TF32" in ta.__doc__
+
+
+@needs_triton
+def test_preprocess_kernel_computes_delta():
+    """Issue 23 #4: D = rowsum(dO * O) is a small kernel of its own, not three float32 temporaries in torch."""
+    kernels = ta._kernels()
+    o, do = randn(3, 37, 24, seed=1), randn(3, 37, 24, seed=2)
+    delta = torch.empty(3, 37, device=DEVICE)
+    kernels.attn_bwd_preprocess_kernel[(math.ceil(37 / 16) * 3,)](o, do, delta, 3, 37, D=24, BLOCK_M=16, BLOCK_D=32)
+    torch.testing.assert_close(delta, (o * do).sum(-1))
+
+
+@needs_triton
+def test_backward_takes_inputs_then_saved_then_gradient():
+    """Issue 22: backward(q, k, v, out, lse, grad_out), lse in natural log."""
+    import inspect
+
+    assert list(inspect.signature(ta.backward).parameters)[:6] == ["q", "k", "v", "out", "lse", "grad_out"]
+    q, k, v = qkv(1, 1, 20, 20, 16, seed=4)
+    out, lse = ta.forward(q, k, v)
+    do = randn(1, 1, 20, 16, seed=5)
+    qs, ks, vs = (t.clone().requires_grad_() for t in (q, k, v))
+    F.scaled_dot_product_attention(qs, ks, vs).backward(do)
+    for got, want in zip(ta.backward(q, k, v, out, lse, do), (qs.grad, ks.grad, vs.grad)):
+        torch.testing.assert_close(got, want, **FP32)

@@ -1,0 +1,149 @@
+"""Compile every Triton kernel and every autotune configuration for the H100/H200 (sm_90), on a CPU.
+
+``triton.compile(ASTSource(...), target=GPUTarget("cuda", 90, 32))`` runs Triton's whole pipeline
+(TTIR, TTGIR, LLVM IR, PTX, ptxas) without a GPU. For each kernel, configuration, dtype and head
+dim this records what the H200 will see: registers per thread, the stack (where ptxas puts spilled
+registers: STACK > 0 is a spill) and local memory from ``cuobjdump --dump-resource-usage`` (shipped
+in Triton's NVIDIA backend), the shared memory (static + the kernel's dynamic allocation), whether
+the matmuls are Hopper's warpgroup ``wgmma`` or the older ``mma.sync``, and whether the head offset
+is computed in 64 bits. ``python -m selfattn_lite.course.sm90_compile --out figures/gpu/sm90_resources.json``.
+
+Run it with TRITON_INTERPRET unset or 0 (``main`` sets 0 before Triton is imported): under the
+interpreter ``@triton.jit`` gives interpreted functions, which cannot be compiled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+__all__ = ["SMEM_LIMIT", "cases", "compile_case", "compile_all", "main"]
+
+SMEM_LIMIT = 232_448               # bytes of shared memory one block may use on sm_90 (227 KB)
+DTYPES = ("bf16", "fp16")
+HEAD_DIMS = (64, 128)
+SIZES = dict(N=64, L=4096, S=4096)   # B * H = 4 * 16 heads, n = 4096: the sizes the GPU report times
+
+_PTR = {"bf16": "*bf16", "fp16": "*fp16"}
+
+
+def _signature(kernel: str, dtype: str) -> dict[str, str]:
+    t, f = _PTR[dtype], "*fp32"
+    if kernel == "attn_fwd_kernel":
+        ptrs = dict(Q=t, K=t, V=t, O=t, LSE=f)
+        rest = dict(N="i32", L="i32", S="i32", qk_scale="fp32")
+    elif kernel == "attn_bwd_preprocess_kernel":
+        ptrs = dict(O=t, DO=t, DELTA=f)
+        rest = dict(N="i32", L="i32")
+    elif kernel == "attn_bwd_dkdv_kernel":
+        ptrs = dict(Q=t, K=t, V=t, DO=t, LSE=f, DELTA=f, DK=t, DV=t)
+        rest = dict(N="i32", L="i32", S="i32", qk_scale="fp32", scale="fp32")
+    else:
+        ptrs = dict(Q=t, K=t, V=t, DO=t, LSE=f, DELTA=f, DQ=t)
+        rest = dict(N="i32", L="i32", S="i32", qk_scale="fp32", scale="fp32")
+    return {**ptrs, **rest}
+
+
+def cases(dtypes=DTYPES, head_dims=HEAD_DIMS, causal=(False, True)) -> list[dict]:
+    """One dict per (kernel, configuration, dtype, D, causal) that ``flash_attention`` can launch on sm_90."""
+    from .. import triton_attention as ta
+
+    out = []
+    for dtype in dtypes:
+        for D in head_dims:
+            for is_causal in causal:
+                for kernel, configs in (("attn_fwd_kernel", ta.FWD_CONFIGS), ("attn_bwd_dkdv_kernel", ta.DKDV_CONFIGS),
+                                        ("attn_bwd_dq_kernel", ta.DQ_CONFIGS)):
+                    for config in configs:
+                        out.append(dict(kernel=kernel, config=dict(config), dtype=dtype, D=D, causal=is_causal))
+            out.append(dict(kernel="attn_bwd_preprocess_kernel",
+                            config=dict(BLOCK_M=ta.PREPROCESS_BLOCK_M, num_warps=4, num_stages=1),
+                            dtype=dtype, D=D, causal=None))
+    return out
+
+
+def _cuobjdump() -> str:
+    import triton
+
+    return str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump")
+
+
+def compile_case(case: dict) -> dict:
+    """Compile one case for sm_90 and read its resources off the cubin and the PTX."""
+    os.environ["TRITON_INTERPRET"] = "0"
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from .. import triton_kernels
+
+    kernel, config, D = case["kernel"], case["config"], case["D"]
+    fn = getattr(triton_kernels, kernel)
+    signature = _signature(kernel, case["dtype"])
+    constexprs = dict(D=D, BLOCK_M=config["BLOCK_M"], BLOCK_D=D)
+    if kernel != "attn_bwd_preprocess_kernel":
+        constexprs.update(IS_CAUSAL=case["causal"], BLOCK_N=config["BLOCK_N"], PRECISION="tf32", UPCAST=False)
+    signature.update({name: "constexpr" for name in constexprs})
+    names = list(fn.arg_names)
+    signature = {name: signature[name] for name in names}
+    # what a launch at SIZES sees: 16-byte aligned pointers, sizes divisible by 16
+    attrs = {(names.index(name),): [["tt.divisibility", 16]] for name, kind in signature.items()
+             if kind.startswith("*") or (kind == "i32" and SIZES.get(name, 1) % 16 == 0)}
+    start = time.perf_counter()
+    compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
+                              target=GPUTarget("cuda", 90, 32),
+                              options=dict(num_warps=config["num_warps"], num_stages=config["num_stages"]))
+    seconds = time.perf_counter() - start
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(compiled.asm["cubin"])
+        f.flush()
+        usage = subprocess.run([_cuobjdump(), "--dump-resource-usage", f.name], capture_output=True, text=True,
+                               check=True).stdout
+    found = dict(re.findall(r"\b(REG|STACK|SHARED|LOCAL):(\d+)", usage))
+    ptx = compiled.asm["ptx"]
+    ttir = compiled.asm["ttir"]
+    return dict(case, registers=int(found["REG"]), stack=int(found["STACK"]), local=int(found["LOCAL"]),
+                shared_bytes=int(found["SHARED"]) + int(compiled.metadata.shared),
+                wgmma=ptx.count("wgmma.mma_async"), mma_sync=ptx.count("mma.sync"),
+                int64_offsets=bool(re.search(r"arith\.extsi .*: i32 to i64", ttir)),
+                seconds=round(seconds, 1), triton=triton.__version__)
+
+
+def compile_all(case_list: list[dict] | None = None, *, workers: int | None = None) -> list[dict]:
+    """``compile_case`` over every case, in ``workers`` processes (default: the CPU count)."""
+    case_list = cases() if case_list is None else case_list
+    workers = workers or os.cpu_count() or 1
+    os.environ["TRITON_INTERPRET"] = "0"
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        return list(pool.map(compile_case, case_list))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """python -m selfattn_lite.course.sm90_compile --out figures/gpu/sm90_resources.json"""
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--out", default="figures/gpu/sm90_resources.json")
+    parser.add_argument("--workers", type=int, default=None)
+    args = parser.parse_args(argv)
+    os.environ["TRITON_INTERPRET"] = "0"
+    start = time.perf_counter()
+    results = compile_all(workers=args.workers)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(dict(target="cuda sm_90 (H100/H200)", smem_limit=SMEM_LIMIT,
+                                              results=results), indent=1) + "\n")
+    for r in results:
+        c = r["config"]
+        print(f"{r['kernel']:<27} {c.get('BLOCK_M')}x{c.get('BLOCK_N', '-')} w{c['num_warps']} s{c['num_stages']} "
+              f"{r['dtype']} d={r['D']:<3} causal={r['causal']!s:<5} reg {r['registers']:>3} stack {r['stack']:>4} "
+              f"local {r['local']} smem {r['shared_bytes']:>6} wgmma {r['wgmma']:>3} mma.sync {r['mma_sync']}")
+    print(f"{len(results)} compiles in {time.perf_counter() - start:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
