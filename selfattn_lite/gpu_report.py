@@ -22,6 +22,8 @@ The sections, in order (``SECTIONS``):
   is notebook 08's benchmark up to 16k tokens.
 * ``nb11``: notebook 11's forward + backward benchmark (explicit, tiled, SDPA), time and peak memory.
 * ``nb15``: notebook 15's Triton kernel against SDPA, forward and forward + backward, and its goal.
+* ``nb16``: notebook 16's decoding step: SDPA over caches up to 64k tokens against one step of each
+  fixed-state mixer (delta rule, gated, linear attention, S6).
 
 Adding a section is one line in ``SECTIONS``: a name, ``"module:function"`` (the function takes a
 ``gpu_sections.Context`` and returns a JSON-able dict) and a timeout. Notebooks show the results
@@ -75,6 +77,8 @@ SECTIONS: list[Section] = [
     # Part II: one line each
     Section("nb11", "selfattn_lite.gpu_sections:nb11", 120),
     Section("nb15", "selfattn_lite.gpu_sections:nb15", 240),
+    # Part III
+    Section("nb16", "selfattn_lite.gpu_sections:nb16", 60),
 ]
 
 

@@ -78,6 +78,11 @@ def test_part_two_sections_run_their_benchmarks(dry_run):
         assert {r["n"] for r in records} == set(ns) and {r["impl"] for r in records} >= {"torch SDPA"}
     nb15 = json.loads((out / "dry-run" / "nb15.json").read_text())["result"]
     assert nb15.get("skipped") or {r["pass"] for r in nb15["records"]} == {"fwd", "fwd+bwd"}
+    nb16 = json.loads((out / "dry-run" / "nb16.json").read_text())["result"]
+    assert nb16["fp32_check"]["passed"]
+    assert {r["S"] for r in nb16["records"] if r["impl"] == "torch SDPA"} == set(nb16["config"]["Ss"])
+    assert {r["impl"] for r in nb16["records"]} == {"torch SDPA", "delta rule step", "gated delta rule step",
+                                                    "linear attention step", "S6 step"}
 
 
 def test_notebook_08_section_runs_the_benchmark(dry_run):
