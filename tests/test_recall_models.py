@@ -131,3 +131,16 @@ def test_records_are_json_with_the_config_that_rebuilds_the_model():
     record = json.loads((RECALL_DIR / "hybrid_s0.json").read_text())
     assert RecallConfig(**record["config"]).layer_mixers == ("gated_delta", "attention")
     assert count_parameters(RecallConfig(**record["config"])) == record["n_params"]
+
+
+def test_the_training_command_writes_a_loadable_run(tmp_path):
+    from selfattn_lite.course import train_recall
+
+    assert train_recall.main(["--mixer", "gated_delta", "--seed", "3", "--steps", "4", "--out", str(tmp_path)]) == 0
+    record = json.loads((tmp_path / "gated_delta_s3.json").read_text())
+    assert record["recipe"]["steps"] == 4 and record["seed"] == 3 and record["torch"] == torch.__version__
+    assert set(record["accuracy"]) == {"4", "8", "12", "16"} and record["cpu_seconds"] > 0
+    model = load_recall_model("gated_delta_s3", tmp_path)
+    assert model.config.mixer == "gated_delta" and count_parameters(model) == record["n_params"]
+    names = [train_recall.run_name(c, s) for c, s in train_recall.grid()]
+    assert len(names) == len(set(names)) and sum(n.endswith("_s0") for n in names) * 3 == len(names)
