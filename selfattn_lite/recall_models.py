@@ -26,6 +26,7 @@ Taught in notebook 16, section 5; trained by ``python -m selfattn_lite.course.tr
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -138,7 +139,7 @@ class DeltaMixer(_Heads):
         self.beta_proj = nn.Linear(config.d_model, config.n_heads)
         self.g_proj = nn.Linear(config.d_model, config.n_heads) if gated else None
         if gated:
-            nn.init.constant_(self.g_proj.bias, 3.0)                          # start near exp(g) = 0.95: remember
+            nn.init.constant_(self.g_proj.bias, 5.0)      # start at exp(g) = sigmoid(5) = 0.993 per token: remember
 
     def gates(self, x: Tensor) -> tuple[Tensor, Tensor | None]:
         """beta and g, (B, h, T) each (g None when not gated)."""
@@ -163,6 +164,9 @@ class S6Mixer(nn.Module):
         self.in_proj, self.dt_proj = nn.Linear(d, d, bias=False), nn.Linear(d, d)
         self.B_proj, self.C_proj = nn.Linear(d, n, bias=False), nn.Linear(d, n, bias=False)
         self.A_log = nn.Parameter(torch.log(torch.arange(1, n + 1, dtype=torch.float32)).repeat(d, 1))   # S4D-real
+        with torch.no_grad():                         # as Mamba: initial steps delta log-uniform in [0.001, 0.1]
+            dt = torch.exp(torch.empty(d).uniform_(math.log(1e-3), math.log(1e-1)))
+            self.dt_proj.bias.copy_(dt + torch.log(-torch.expm1(-dt)))               # softplus^-1(dt)
         self.D = nn.Parameter(torch.ones(d))
         self.out_proj = nn.Linear(d, d, bias=False)
 
