@@ -133,6 +133,8 @@ def delta_rule(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, *, g: Tensor | Non
 def _delta_rule_chunked(q, k, v, beta, g, scale, state, C):
     """The chunkwise-parallel form of ``delta_rule`` (see its docstring): returns (o, final state)."""
     B, h, T, dk = k.shape
+    if T == 0:
+        return v.new_zeros(B, h, 0, v.shape[-1]), state
     if g is None:
         g = torch.zeros_like(beta)
     pad = (-T) % C                                        # padded tokens: k = v = beta = g = 0 leave S alone

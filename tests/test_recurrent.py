@@ -97,6 +97,14 @@ def test_delta_rule_overwrites_where_linear_attention_adds():
     torch.testing.assert_close(o[0, 0, 2], v[0, 0, 2])                           # the new value, not v0 + v2
 
 
+def test_an_empty_sequence_keeps_the_state():
+    q, k, v, beta, g, S0 = delta_inputs(1, 2, 0, 3, 2, seed=0)
+    for chunk_size in (None, 4):
+        o, S = delta_rule(q, k, v, beta, g=g, initial_state=S0, chunk_size=chunk_size, return_state=True)
+        assert o.shape == (1, 2, 0, 2)
+        torch.testing.assert_close(S, S0)
+
+
 def test_one_step_and_the_gate():
     q, k, v, beta, g, S0 = delta_inputs(1, 2, 1, 3, 2, seed=5)
     o, S = delta_rule_step(S0, q[:, :, 0], k[:, :, 0], v[:, :, 0], beta[:, :, 0], g=g[:, :, 0], scale=1.0)
