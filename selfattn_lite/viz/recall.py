@@ -1,9 +1,10 @@
 """Notebook 16's pictures: where each mixer of a trained recall model looks when it answers a query.
 
-``follow_query`` runs a shipped model on one MQAR row and returns its last layer's implicit attention
-matrix (``RecallModel.mixer_weights``, averaged over heads, or over channels for s6), the query's
-row and the position of the value it should read. ``draw_mixer_weights`` draws the matrices side by side;
-``RecallWidget`` lets a learner pick the mixer, the number of pairs and the query to follow.
+``follow_query`` runs a shipped model on one MQAR row and returns one layer's implicit attention
+matrix (``RecallModel.mixer_weights``, averaged over heads, or over channels for s6: by default the layer
+that puts the most weight on the value asked for), the query's position and that of the value.
+``draw_mixer_weights`` draws the matrices side by side; ``RecallWidget`` lets a learner pick the mixer,
+the number of pairs and the query to follow.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ class FollowedQuery:
     """One query of one row, seen through one model's last mixer."""
 
     mixer: str
+    layer: int                # which of the model's layers (0 or 1)
     weights: torch.Tensor     # (T, T) mean over heads (channels for s6)
     query: int                # its position
     value: int                # where the value it asks for sits
@@ -37,10 +39,12 @@ class FollowedQuery:
         return self.prediction == self.target
 
 
-def follow_query(model, inputs: torch.Tensor, targets: torch.Tensor, which: int = 0) -> FollowedQuery:
+def follow_query(model, inputs: torch.Tensor, targets: torch.Tensor, which: int = 0,
+                 layer: int | None = None) -> FollowedQuery:
     """Follow the ``which``-th query (in position order) of a single row (1, T) through ``model``.
 
-    The weights shown are the last layer's, the one whose answer the output layer reads.
+    ``layer``: 0 or 1, or None for the layer whose weight on the value asked for is largest (the layer
+    that retrieves it, when the model has learned to).
     """
     if inputs.dim() != 2 or inputs.shape[0] != 1 or targets.shape != inputs.shape:
         raise ValueError(f"inputs {tuple(inputs.shape)} and targets {tuple(targets.shape)} must be one row (1, T)")
@@ -48,16 +52,19 @@ def follow_query(model, inputs: torch.Tensor, targets: torch.Tensor, which: int 
     if not 0 <= which < len(queries):
         raise ValueError(f"which={which} but the row has {len(queries)} queries")
     t = queries[which]
-    with torch.no_grad():
-        weights = model.mixer_weights(inputs, layer=-1)[0].mean(dim=0)            # (T, T)
-        prediction = model(inputs)[0, t].argmax().item()
     value = t - query_distances(inputs, targets)[0, t].item()
-    return FollowedQuery(model.config.layer_mixers[-1] if model.config.mixer != "hybrid" else "hybrid",
-                         weights, t, value, targets[0, t].item(), prediction)
+    with torch.no_grad():
+        per_layer = [model.mixer_weights(inputs, layer=i)[0].mean(dim=0) for i in range(len(model.blocks))]
+        prediction = model(inputs)[0, t].argmax().item()
+    if layer is None:
+        layer = max(range(len(per_layer)), key=lambda i: per_layer[i][t, value].item())
+    name = model.config.mixer if model.config.mixer != "hybrid" else f"hybrid ({model.config.layer_mixers[layer]})"
+    return FollowedQuery(name, layer, per_layer[layer], t, value, targets[0, t].item(), prediction)
 
 
 def draw_mixer_weights(followed: list[FollowedQuery], axes: list[Axes] | None = None) -> list[Axes]:
-    """One panel per model: its implicit attention matrix, the followed query's row boxed, the value circled."""
+    """One panel per model: one layer's implicit attention matrix, the followed query's row boxed, the value
+    circled."""
     if axes is None:
         fig = Figure(figsize=(3.2 * len(followed), 3.4))
         FigureCanvasAgg(fig)
@@ -71,14 +78,15 @@ def draw_mixer_weights(followed: list[FollowedQuery], axes: list[Axes] | None = 
         ax.plot([f.value], [f.query], marker="o", markersize=8, markerfacecolor="none", color="#E69F00",
                 markeredgewidth=1.8)
         verdict = "right" if f.correct else "wrong"
-        ax.set_title(f"{f.mixer}: answer {verdict}", fontsize=9)
+        ax.set_title(f"{f.mixer}, layer {f.layer + 1}: answer {verdict}", fontsize=9)
         ax.set_xlabel("position mixed in (value read)")
     axes[0].set_ylabel("output position")
     return axes
 
 
 class RecallWidget(HeatmapWidget):
-    """Pick a mixer, the number of pairs and a query; see the last layer's implicit attention on that row.
+    """Pick a mixer, the number of pairs and a query; see the implicit attention on that row of the layer that
+    weighs the value asked for most.
 
     Args:
         models: {name: shipped RecallModel}. seq_len: row length. seed: the row's generator seed.
