@@ -42,6 +42,8 @@ The sections, in order (``SECTIONS``; * = also in ``--quick``):
   the device, every output checked against a float32 reference in ulps (``gpu_sections``); ``nb08``
   is notebook 08's benchmark up to 16k tokens.
 * ``nb11``: notebook 11's forward + backward benchmark (explicit, tiled, SDPA), time and peak memory.
+* ``nb16``: notebook 16's decoding step: SDPA over caches up to 64k tokens against one step of each
+  fixed-state mixer (delta rule, gated, linear attention, S6).
 
 How long on an H200 (estimated from counts; no H200 was at hand when this was written). A section
 process starts in about 5 s (Python, torch, the CUDA context). ``--quick``: provenance ~5 s; calibrate
@@ -136,6 +138,8 @@ SECTIONS: list[Section] = [
     Section("nb10", "selfattn_lite.course.gpu_sections:nb10", 45, needs=MINILM),
     # Part II: one line each (notebook 15's kernel: the triton_* sections above)
     Section("nb11", "selfattn_lite.course.gpu_sections:nb11", 120),
+    # Part III
+    Section("nb16", "selfattn_lite.course.gpu_sections:nb16", 60),
 ]
 
 

@@ -29,7 +29,7 @@ from ..attention import scaled_dot_product_attention as explicit_sdpa
 from . import bench
 
 __all__ = ["Context", "row_dicts", "triton_d64", "triton_d128", "tiled", "nb01", "nb02", "nb03", "nb04", "nb05",
-           "nb06", "nb07", "nb08", "nb09", "nb10", "nb11"]
+           "nb06", "nb07", "nb08", "nb09", "nb10", "nb11", "nb16"]
 
 DTYPE = torch.bfloat16
 FP32 = torch.float32
@@ -408,3 +408,58 @@ def tiled(ctx: Context) -> dict:
 
     return _kernel_rows(ctx, {"tiled (flash_attention)": tiled_fa}, D=ctx.pick(128, 16),
                         notebook=dict(forward="08", backward="11"))
+
+
+def nb16(ctx: Context) -> dict:
+    """Notebook 16's decoding step: SDPA over a growing cache against one step of each fixed-state mixer
+    (delta rule, gated delta rule, linear attention, S6), whose work does not depend on the cache length.
+    Each step is checked against its float32 twin, and SDPA against explicit attention, before timing."""
+    from ..efficient import linear_attention_step
+    from ..recurrent import delta_rule_step, selective_scan_step
+
+    Ss = ctx.pick([1024, 4096, 16384, 65536], [64, 128])
+    h, dh, d_inner, n = ctx.pick((32, 128, 4096, 16), (2, 16, 32, 4))
+    gen = torch.Generator(device=ctx.device).manual_seed(0)
+
+    def rand(*shape):
+        return bench.randn(*shape, device=ctx.device, dtype=DTYPE, generator=gen)
+
+    q, k, v = rand(1, h, dh), F.normalize(rand(1, h, dh), dim=-1), rand(1, h, dh)
+    S = rand(1, h, dh, dh)
+    beta = torch.rand(1, h, device=ctx.device, generator=gen).to(DTYPE)
+    g = -torch.rand(1, h, device=ctx.device, generator=gen).to(DTYPE)
+    lin = (rand(1, h, dh, dh).abs(), rand(1, h, dh).abs())
+    x, u = rand(1, d_inner, n), rand(1, d_inner)
+    delta = torch.rand(1, d_inner, device=ctx.device, generator=gen).to(DTYPE)
+    A, B, C = -torch.rand(d_inner, n, device=ctx.device, generator=gen).to(DTYPE), rand(1, n), rand(1, n)
+    steps = {"delta rule step": (lambda: delta_rule_step(S, q, k, v, beta)[0],
+                                 lambda: delta_rule_step(S.float(), q.float(), k.float(), v.float(), beta.float())[0]),
+             "gated delta rule step": (lambda: delta_rule_step(S, q, k, v, beta, g=g)[0],
+                                       lambda: delta_rule_step(S.float(), q.float(), k.float(), v.float(),
+                                                               beta.float(), g=g.float())[0]),
+             "linear attention step": (lambda: linear_attention_step(lin, q, k, v)[0],
+                                       lambda: linear_attention_step(tuple(t.float() for t in lin), q.float(),
+                                                                     k.float(), v.float())[0]),
+             "S6 step": (lambda: selective_scan_step(x, u, delta, A, B, C)[0],
+                         lambda: selective_scan_step(x.float(), u.float(), delta.float(), A.float(), B.float(),
+                                                     C.float())[0])}
+    records, checks = [], {}
+    with torch.no_grad():
+        for name, (fn, fn32) in steps.items():
+            checks[name] = bench.error_ulps(fn(), fn32(), DTYPE)
+            t = bench.time_stats(fn, device=ctx.device, budget_s=ctx.budget_s)
+            records.append(dict(impl=name, S=None, median_s=t.median, min_s=t.min))
+        for n_cache in Ss:
+            qs, K, V = rand(1, h, 1, dh), rand(1, h, n_cache, dh), rand(1, h, n_cache, dh)
+            checks[f"torch SDPA, S = {n_cache}"] = bench.error_ulps(
+                F.scaled_dot_product_attention(qs, K, V), _explicit(qs.float(), K.float(), V.float()), DTYPE)
+            t = bench.time_stats(lambda: F.scaled_dot_product_attention(qs, K, V), device=ctx.device,
+                                 budget_s=ctx.budget_s)
+            records.append(dict(impl="torch SDPA", S=n_cache, median_s=t.median, min_s=t.min))
+    bound = bench.DEFAULT_ULPS[DTYPE] * 32
+    check = dict(reference="float32, same rounded inputs", bound_ulps=bound, ulps=checks,
+                 passed=all(e <= bound for e in checks.values()))
+    if not check["passed"]:
+        raise AssertionError(f"a decoding step disagrees with its float32 twin: {checks}")
+    return dict(records=records, fp32_check=check,
+                config=dict(h=h, head_dim=dh, d_inner=d_inner, d_state=n, Ss=Ss, dtype="bfloat16"))

@@ -62,7 +62,8 @@ def index_page(infos: list[dict]) -> str:
     rows = "\n".join(f"| {i['number']:02d} | [{i['title'].split('·', 1)[-1].strip()}](notebooks/{i['stem']}) "
                      f"| {i['time']} |" for i in infos)
     parts = [("Part I", [i for i in infos if i["number"] <= 10]),
-             ("Part II (advanced)", [i for i in infos if i["number"] > 10])]
+             ("Part II (advanced)", [i for i in infos if 10 < i["number"] <= 15]),
+             ("Part III", [i for i in infos if i["number"] > 15])]
     toctrees = "\n".join(
         f"```{{toctree}}\n:caption: {caption}\n:maxdepth: 1\n\n" + "\n".join(f"notebooks/{i['stem']}" for i in items)
         + "\n```\n" for caption, items in parts if items)

@@ -128,6 +128,11 @@ def test_part_two_sections_run_their_benchmarks(dry_run):
     ns = nb11["config"]["ns"]
     for records in nb11["records"].values():
         assert {r["n"] for r in records} == set(ns) and {r["impl"] for r in records} >= {"torch SDPA"}
+    nb16 = json.loads((out / "dry-run" / "nb16.json").read_text())["result"]
+    assert nb16["fp32_check"]["passed"]
+    assert {r["S"] for r in nb16["records"] if r["impl"] == "torch SDPA"} == set(nb16["config"]["Ss"])
+    assert {r["impl"] for r in nb16["records"]} == {"torch SDPA", "delta rule step", "gated delta rule step",
+                                                    "linear attention step", "S6 step"}
 
 
 @pytest.mark.parametrize("section, impl", [("triton_d64", "Triton flash_attention"),

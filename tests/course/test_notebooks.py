@@ -17,6 +17,8 @@ SYLLABUS = [
     # Part II
     "11_backward_and_training", "12_context_extension", "13_serving_the_cache",
     "14_attention_across_devices", "15_flashattention_in_triton",
+    # Part III
+    "16_attention_vs_state",
 ]
 WIDGET = "application/vnd.jupyter.widget-view+json"
 
