@@ -347,7 +347,7 @@ def _kernel_rows(ctx: Context, impls: dict, *, D: int, notebook: dict) -> dict:
         backend = dict(forward=", ".join(bench.sdpa_backends(lambda: _sdpa(q, k, v, is_causal))) or None,
                        backward=", ".join(bench.sdpa_backends(lambda: _sdpa(*leaves, is_causal), grad=True)) or None)
         ref_out, ref_grads = _float64_reference(q, k, v, d_out, is_causal, slice(0, 1))
-        fwd_flops = bench.attention_flops(B, H, N, N, D, causal=is_causal)
+        fwd_flops = bench.attention_flops(B, H, N, N, D, is_causal=is_causal)
         timed = {}
         for name, fn in {"torch SDPA": _sdpa, **impls}.items():
             timed[name] = t = _timed_pair(ctx, fn, q, k, v, d_out, is_causal)

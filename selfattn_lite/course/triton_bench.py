@@ -74,7 +74,7 @@ def benchmark(device: torch.device | str = "cuda", *, B: int = 4, H: int = 16, n
         for n in ns:
             q, k, v, d_out = (torch.randn(B, H, n, D, generator=gen).to(device=device, dtype=dtype) for _ in range(4))
             for causal in (False, True):
-                flops = bench.attention_flops(B, H, n, n, D, causal=causal)
+                flops = bench.attention_flops(B, H, n, n, D, is_causal=causal)
                 calls = {}
                 for name, fn in impls.items():
                     calls[("fwd", name)] = lambda fn=fn: fn(q, k, v, is_causal=causal)
