@@ -306,9 +306,12 @@ def test_makefile_runs_the_report_with_the_machines_own_python_and_no_install():
     makefile = (ROOT / "Makefile").read_text()
     assert re.search(r"^gpu-report:.*\n\t.*-m selfattn_lite\.course\.gpu_report --out figures/gpu", makefile, re.M)
     assert "figures/gpu/dry-run/" in (ROOT / ".gitignore").read_text()
-    proc = subprocess.run(["make", "-n", "gpu-report", "PYTHON=python3", "INSTALL=no", "GPU_REPORT_ARGS=--quick"],
+    # --no-print-directory: under `make test` this make is nested (MAKELEVEL) and would print its directory
+    proc = subprocess.run(["make", "--no-print-directory", "-n", "gpu-report", "PYTHON=python3", "INSTALL=no",
+                           "GPU_REPORT_ARGS=--quick"],
                           cwd=ROOT, capture_output=True, text=True, timeout=60,
-                          env={k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MAKEFLAGS")})
+                          env={k: v for k, v in os.environ.items()
+                               if k not in ("PYTHONPATH", "MAKEFLAGS", "MAKELEVEL", "MFLAGS")})
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().splitlines() == ["PYTHONPATH=. python3 -m selfattn_lite.course.gpu_report --out figures/gpu "
                                                 "--quick"]
