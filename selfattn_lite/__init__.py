@@ -27,6 +27,15 @@ import os
 # notebooks set it in their first cell for that reason.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+import torch  # noqa: E402
+
+# Triton's interpreter or its compiler: the one place that decides. Without CUDA, notebook 15's kernels run
+# under Triton's CPU interpreter. Triton reads TRITON_INTERPRET once, when it is first imported, and torch
+# imports it lazily (its profiler does; so does the GPU report's version check), so the choice is made here,
+# when the package is first imported, before anything of ours or torch's can import Triton.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 from .attention import scaled_dot_product_attention  # noqa: E402
 from .masks import causal_mask, combine_masks, padding_mask, to_additive  # noqa: E402
 

@@ -6,9 +6,10 @@ torch's ``scaled_dot_product_attention``, with a FlashAttention-2 forward kernel
 (D = rowsum(dO * O), then dK/dV and dQ recomputed from the saved log-sum-exp) wrapped in a
 ``torch.autograd.Function``. The kernels themselves live in ``selfattn_lite.triton_kernels``.
 
-**Interpreter or GPU: decided here, once.** Without CUDA this module sets ``TRITON_INTERPRET=1``
-(unless you set it yourself) *before* anything of ours imports Triton, because Triton reads it when
-a kernel is decorated. The interpreter executes each program instance with numpy, one after another:
+**Interpreter or GPU: decided once, by the package.** Without CUDA, ``selfattn_lite/__init__`` sets
+``TRITON_INTERPRET=1`` (unless you set it yourself) when the package is first imported, so before anything
+(this module, torch's profiler, the GPU report's version check) can import Triton, which reads the variable
+once. The interpreter executes each program instance with numpy, one after another:
 exact, and slow (it checks correctness; it says nothing about speed). Where Triton is not installed,
 ``available()`` is False and ``flash_attention`` raises an ImportError saying so; the pure-Python
 helpers below (loop bounds, grid, traffic formulas) work everywhere.
@@ -32,9 +33,6 @@ from torch import Tensor
 
 from ._checks import check_int, check_positive_int, shape_str
 from .efficient import LOG2_E
-
-if not torch.cuda.is_available():                       # before anything imports triton (see the docstring)
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 HAVE_TRITON = importlib.util.find_spec("triton") is not None   # False on macOS, Windows: no Triton wheel
 

@@ -1,6 +1,6 @@
 """selfattn_lite.triton_attention: the Triton FlashAttention kernels against torch SDPA and autograd.
 
-Without a GPU every kernel runs under Triton's interpreter (TRITON_INTERPRET=1, set by the module
+Without a GPU every kernel runs under Triton's interpreter (TRITON_INTERPRET=1, set by the package
 before Triton is imported), which executes the same kernel body with numpy: slow, so the shapes
 are small and the property tests draw few examples. The pure-Python helpers (loop bounds, traffic)
 are tested without Triton too. Where Triton is not installed (macOS) the kernel tests skip; CI
