@@ -22,7 +22,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from ..attention import HALF_DTYPES
+from ..attention import upcast_dtype
 from ..efficient import TileKind, tile_kind
 from .comm import check_floats, counters, exchange, exchange_shapes, group_rank_size, wait_all
 from .sharding import check_layout, shard_segments
@@ -45,7 +45,7 @@ def block_attention(q: Tensor, k: Tensor, v: Tensor, *, scale: float, mask: Tens
     Returns:
         out (..., Lq, Ev) and lse (..., Lq), in float32 for half inputs, else in q's dtype.
     """
-    compute = torch.float32 if q.dtype in HALF_DTYPES else q.dtype
+    compute = upcast_dtype(q.dtype)
     s = (q.to(compute) @ k.to(compute).transpose(-2, -1)) * scale        # (..., Lq, Lk)
     if mask is not None:
         s = s.masked_fill(~mask, float("-inf"))
@@ -167,7 +167,7 @@ class _RingAttention(torch.autograd.Function):
         L = sum(lengths)
         segs = [shard_segments(L, r, world, layout=layout) for r in range(world)]
         scale = 1.0 / math.sqrt(q.shape[-1])
-        compute = torch.float32 if q.dtype in HALF_DTYPES else q.dtype
+        compute = upcast_dtype(q.dtype)
         out = torch.zeros(*q.shape[:-1], v.shape[-1], dtype=compute, device=q.device)    # (..., n, Ev)
         lse = torch.full(q.shape[:-1], float("-inf"), dtype=compute, device=q.device)   # (..., n)
         k_blk, v_blk = k, v
