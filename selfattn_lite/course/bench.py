@@ -513,7 +513,6 @@ def first_output(out):
     return out[0] if isinstance(out, (tuple, list)) else out
 
 
-_first = first_output      # its old private name, still used by gpu_sections (rewritten in another branch)
 
 
 def _dtype_name(dtype: torch.dtype) -> str:

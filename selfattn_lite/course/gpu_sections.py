@@ -73,7 +73,7 @@ def _run(ctx: Context, calls: dict, reference_fp32, *, reference: str, flops=Non
     """Check every call against the float32 reference, then ``bench.compare`` them; one result dict."""
     with torch.no_grad():
         ref32 = reference_fp32()
-        outputs = {name: bench._first(fn()) for name, fn in calls.items()}
+        outputs = {name: bench.first_output(fn()) for name, fn in calls.items()}
         check = _fp32_check(outputs, ref32, ulps)
         del outputs, ref32
     rows = bench.compare(calls, reference=reference, flops=flops, device=ctx.device, budget_s=ctx.budget_s,
