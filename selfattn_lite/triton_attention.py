@@ -45,6 +45,9 @@ __all__ = [
     "FWD_CONFIGS",
     "DKDV_CONFIGS",
     "DQ_CONFIGS",
+    "ATOMIC_CONFIGS",
+    "DQ_METHODS",
+    "DESCRIPTOR_BLOCKS",
     "available",
     "interpreting",
     "best_device",
@@ -55,6 +58,9 @@ __all__ = [
     "launch_grid",
     "hbm_bytes",
     "program_work",
+    "tma_supported",
+    "tma_by_default",
+    "dq_method_timings",
     "forward",
     "backward",
     "FlashAttentionFunction",
@@ -86,6 +92,11 @@ DQ_CONFIGS = [
     dict(BLOCK_M=128, BLOCK_N=32, num_warps=8, num_stages=3),
     dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=2),
 ]
+ATOMIC_CONFIGS = [                     # dK/dV with ATOMIC_DQ: BLOCK_M >= 64 (at 32, 8 warps, the dQ product falls
+    dict(BLOCK_M=64, BLOCK_N=64, num_warps=8, num_stages=2),    # back to mma.sync); (64, 128) spills at d = 128
+    dict(BLOCK_M=64, BLOCK_N=64, num_warps=8, num_stages=3),
+]
+DQ_METHODS = ("recompute", "atomic")   # dQ by a second kernel (7 matmuls a tile pair) or by atomics (5)
 PREPROCESS_BLOCK_M = 64                # rows per program of the D = rowsum(dO * O) kernel
 
 
@@ -347,46 +358,116 @@ def _config(config: dict | None, block_m, block_n, device: torch.device) -> dict
     return dict(BLOCK_M=_block("block_m", block_m), BLOCK_N=_block("block_n", block_n))
 
 
-_AUTOTUNED: dict[str, object] = {}
+def tma_supported(*tensors: Tensor) -> bool:
+    """True where the kernels can fetch tiles through tensor descriptors (Hopper's TMA): bfloat16 or float16,
+    rows of a multiple of 16 bytes (D a multiple of 8), 16-byte aligned data; compiled on a GPU of compute
+    capability 9 or more, or under the interpreter (which emulates descriptors, so the CPU tests run the path).
 
-
-def _autotuned(name: str):
-    """Kernel ``name`` of ``triton_kernels`` under ``@triton.autotune`` with its own configurations.
-
-    Keyed on (N = B*H, L, S, D, IS_CAUSAL) and, as Triton adds by itself, the tensors' dtypes. Triton's
-    autotuner skips a configuration that runs out of resources and re-raises any other error (a
-    compile error, an illegal memory access) as it is.
+    Taught in notebook 15, "On a GPU".
     """
-    if name not in _AUTOTUNED:
+    t = tensors[0]
+    if t.dtype not in (torch.bfloat16, torch.float16) or (t.shape[-1] * t.element_size()) % 16:
+        return False
+    if any(x.data_ptr() % 16 for x in tensors):
+        return False
+    if interpreting():
+        return True
+    return t.device.type == "cuda" and torch.cuda.get_device_capability(t.device)[0] >= 9
+
+
+def tma_by_default(*tensors: Tensor) -> bool:
+    """Whether ``forward`` and ``backward`` fetch these tensors' tiles through descriptors when ``tma`` is
+    left at None: where the kernels are compiled (a GPU, not the interpreter) and ``tma_supported``.
+
+    Taught in notebook 15, "On a GPU".
+    """
+    return _compiled(tensors[0].device) and tma_supported(*tensors)
+
+
+def _use_tma(tma, *tensors: Tensor) -> bool:
+    """tma None: descriptors where ``tma_supported`` and the kernels are compiled (the interpreter runs the
+    pointer path unless asked); True: required (ValueError where unsupported); False: pointers."""
+    if tma is None:
+        return tma_by_default(*tensors)
+    if tma and not tma_supported(*tensors):
+        raise ValueError(f"tma=True needs bfloat16/float16 with D a multiple of 8 on an sm_90+ GPU or the "
+                         f"interpreter, got {tensors[0].dtype}, D = {tensors[0].shape[-1]} on {tensors[0].device}")
+    return bool(tma)
+
+
+# Which block each descriptor argument of a kernel moves: rows of BLOCK_M (queries) or BLOCK_N (keys); the sm_90
+# compile (course.sm90_compile) builds its signatures from the same table.
+DESCRIPTOR_BLOCKS = {
+    "attn_fwd_kernel": dict(Q="BLOCK_M", K="BLOCK_N", V="BLOCK_N", O="BLOCK_M"),
+    "attn_bwd_dkdv_kernel": dict(Q="BLOCK_M", DO="BLOCK_M", K="BLOCK_N", V="BLOCK_N", DK="BLOCK_N", DV="BLOCK_N"),
+    "attn_bwd_dq_kernel": dict(Q="BLOCK_M", DO="BLOCK_M", DQ="BLOCK_M", K="BLOCK_N", V="BLOCK_N"),
+}
+
+
+def _descriptor(t: Tensor):
+    """A tensor descriptor of the (N, rows, D) tensor t; its block shape is set per launch (``_set_blocks``)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 16, 16])
+
+
+def _set_blocks(name: str, nargs: dict) -> None:
+    """Give each descriptor argument of kernel ``name`` its block (1, BLOCK_M or BLOCK_N, BLOCK_D), from the
+    launch's meta-parameters in ``nargs``: before a direct launch, and as the autotuner's per-config pre-hook."""
+    for arg, block in DESCRIPTOR_BLOCKS[name].items():
+        desc = nargs.get(arg)
+        if desc is not None and not isinstance(desc, Tensor):
+            desc.block_shape = [1, nargs[block], nargs["BLOCK_D"]]
+
+
+_AUTOTUNED: dict[tuple, object] = {}
+
+
+def _autotuned(name: str, atomic: bool = False):
+    """Kernel ``name`` of ``triton_kernels`` under ``@triton.autotune`` with its own configurations
+    (``ATOMIC_CONFIGS`` for the dK/dV kernel when it also adds dQ).
+
+    Keyed on (N = B*H, L, S, D, IS_CAUSAL) and, as Triton adds by itself, the arguments' types (dtype, and
+    pointer or descriptor). Triton's autotuner skips a configuration that runs out of resources and re-raises
+    any other error (a compile error, an illegal memory access) as it is. A per-config pre-hook sets the
+    descriptors' block shapes; with atomics, DQ_ACC is zeroed before each timed run.
+    """
+    if (name, atomic) not in _AUTOTUNED:
         import triton
 
-        configs = {"attn_fwd_kernel": FWD_CONFIGS, "attn_bwd_dkdv_kernel": DKDV_CONFIGS,
+        configs = {"attn_fwd_kernel": FWD_CONFIGS, "attn_bwd_dkdv_kernel": ATOMIC_CONFIGS if atomic else DKDV_CONFIGS,
                    "attn_bwd_dq_kernel": DQ_CONFIGS}[name]
         tuned = [triton.Config(dict(BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"]), num_warps=c["num_warps"],
-                               num_stages=c["num_stages"]) for c in configs]
-        _AUTOTUNED[name] = triton.autotune(configs=tuned, key=["N", "L", "S", "D", "IS_CAUSAL"])(
+                               num_stages=c["num_stages"], pre_hook=lambda nargs: _set_blocks(name, nargs))
+                 for c in configs]
+        _AUTOTUNED[name, atomic] = triton.autotune(configs=tuned, key=["N", "L", "S", "D", "IS_CAUSAL"],
+                                                   reset_to_zero=["DQ_ACC"] if atomic else None)(
             getattr(_kernels(), name))
-    return _AUTOTUNED[name]
+    return _AUTOTUNED[name, atomic]
 
 
-def _launch(name: str, rows: int, N: int, config: dict | None, *args, **meta) -> None:
+def _launch(name: str, rows: int, N: int, config: dict | None, args: dict, meta: dict) -> None:
     """Run kernel ``name`` on the one-dimensional grid of ceil(rows / block) * N programs.
 
-    ``rows`` is what the kernel's programs split (queries for the forward and dQ, keys for dK/dV);
-    config None: the autotuned kernel, which picks the block sizes itself.
+    ``rows`` is what the kernel's programs split (queries for the forward and dQ, keys for dK/dV); ``args``
+    the kernel's runtime arguments by name (tensors, or tensor descriptors with TMA), ``meta`` its other
+    constexprs; config None: the autotuned kernel, which picks the block sizes itself.
     """
     block = "BLOCK_N" if name == "attn_bwd_dkdv_kernel" else "BLOCK_M"
     if config is None:
-        _autotuned(name)[lambda m: (math.ceil(rows / m[block]) * N,)](*args, **meta)
+        atomic = bool(meta.get("ATOMIC_DQ"))
+        _autotuned(name, atomic)[lambda m: (math.ceil(rows / m[block]) * N,)](**args, **meta)
         return
     options = {key: config[key] for key in ("num_warps", "num_stages") if key in config}
+    blocks = dict(BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"])
+    _set_blocks(name, {**args, **meta, **blocks})
     grid = (math.ceil(rows / config[block]) * N,)
-    getattr(_kernels(), name)[grid](*args, BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"], **meta, **options)
+    getattr(_kernels(), name)[grid](**args, **blocks, **meta, **options)
 
 
 def forward(q: Tensor, k: Tensor, v: Tensor, *, is_causal: bool = False, scale: float | None = None,
-            block_m: int | None = None, block_n: int | None = None, config: dict | None = None
-            ) -> tuple[Tensor, Tensor]:
+            block_m: int | None = None, block_n: int | None = None, config: dict | None = None,
+            tma: bool | None = None) -> tuple[Tensor, Tensor]:
     """The forward kernel, no autograd: one program per (query block, batch * head).
 
     Taught in notebook 15, "The forward kernel".
@@ -399,6 +480,8 @@ def forward(q: Tensor, k: Tensor, v: Tensor, *, is_causal: bool = False, scale: 
             autotuner's choice on CUDA, ``CPU_BLOCKS`` under the interpreter.
         config: one launch configuration (BLOCK_M, BLOCK_N and optionally num_warps, num_stages), as in
             ``FWD_CONFIGS``; overrides block_m, block_n.
+        tma: fetch tiles through tensor descriptors (Hopper's TMA). None: where ``tma_supported`` on a GPU;
+            True: also under the interpreter (ValueError where unsupported); False: pointer loads.
 
     Returns:
         out (B, H, L, D) in q's dtype, and lse (B, H, L) float32: the natural log-sum-exp of each
@@ -414,32 +497,76 @@ def forward(q: Tensor, k: Tensor, v: Tensor, *, is_causal: bool = False, scale: 
     q3, k3, v3 = (t.reshape(B * H, t.shape[2], D).contiguous() for t in (q, k, v))   # (N, L|S, D)
     out = torch.empty_like(q3)                                                     # (N, L, D)
     lse = torch.empty(B * H, L, dtype=torch.float32, device=q.device)              # (N, L), natural log
-    _launch("attn_fwd_kernel", L, B * H, config, q3, k3, v3, out, lse, B * H, L, S, scale * LOG2_E,
-            D=D, IS_CAUSAL=bool(is_causal), BLOCK_D=_block_d(D), PRECISION=_precision(q.dtype),
-            UPCAST=_upcast(q.dtype))
+    use_tma = _use_tma(tma, q3, k3, v3, out)
+    wrap = _descriptor if use_tma else (lambda t: t)
+    args = dict(Q=wrap(q3), K=wrap(k3), V=wrap(v3), O=wrap(out), LSE=lse, N=B * H, L=L, S=S, qk_scale=scale * LOG2_E)
+    _launch("attn_fwd_kernel", L, B * H, config, args,
+            dict(D=D, IS_CAUSAL=bool(is_causal), BLOCK_D=_block_d(D), PRECISION=_precision(q.dtype),
+                 UPCAST=_upcast(q.dtype), TMA=use_tma))
     return out.reshape(B, H, L, D), lse.reshape(B, H, L)
+
+
+_DQ_TIMINGS: dict[tuple, dict] = {}
+
+
+def dq_method_timings() -> dict[str, dict]:
+    """What ``backward``'s automatic choice of dQ method measured on this GPU, per problem:
+    {"N=.. L=.. S=.. D=.. causal=.. dtype=.. tma=..": {"recompute": ms, "atomic": ms, "chosen": name}}.
+
+    Taught in notebook 15, "The backward kernels".
+    """
+    return {" ".join(f"{k}={v}" for k, v in zip(("N", "L", "S", "D", "causal", "dtype", "tma"), key)): dict(t)
+            for key, t in _DQ_TIMINGS.items()}
+
+
+def _cuda_ms(run, repeat: int = 3) -> float:
+    """Milliseconds per call of ``run()`` on the current CUDA stream (after one warm-up call that tunes)."""
+    run()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeat):
+        run()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / repeat
+
+
+def _choose_dq_method(key: tuple, run, timer=None) -> str:
+    """The faster of ``DQ_METHODS`` for this problem, timed once (``run(method)`` runs the dK/dV and dQ
+    kernels that way) and remembered: FlashAttention-2's atomics save two matmuls a tile pair and pay in
+    L2 atomic traffic, and which side wins depends on the GPU, D and the mask."""
+    timer = _cuda_ms if timer is None else timer
+    if key not in _DQ_TIMINGS:
+        ms = {method: timer(lambda: run(method)) for method in DQ_METHODS}
+        _DQ_TIMINGS[key] = dict(ms, chosen=min(DQ_METHODS, key=ms.get))
+    return _DQ_TIMINGS[key]["chosen"]
 
 
 def backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, grad_out: Tensor, *,
              is_causal: bool = False, scale: float | None = None, block_m: int | None = None,
-             block_n: int | None = None, dkdv_config: dict | None = None, dq_config: dict | None = None
-             ) -> tuple[Tensor, Tensor, Tensor]:
+             block_n: int | None = None, dkdv_config: dict | None = None, dq_config: dict | None = None,
+             dq_method: str | None = None, tma: bool | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """dQ, dK, dV from the saved log-sum-exp, as FlashAttention-2 does it (notebook 11 derives it).
 
     Taught in notebook 15, "The backward kernels".
 
-    Three kernels: D_i = rowsum(dO * O) (one float32 per query); one program per key block
-    accumulating dK and dV over the query blocks (4 matmuls a tile); one program per query block
-    accumulating dQ over the key blocks (3 matmuls a tile: it recomputes Q K^T and dO V^T rather than
-    adding into dQ with atomics). P is recomputed tile by tile as exp(q_i . k_j * scale - lse_i): the
-    L x S matrix is never stored, in the backward pass either. Causal, only the tiles on the diagonal
-    build a mask.
+    First D_i = rowsum(dO * O) (a small kernel, one float32 per query). Then one program per key block
+    accumulates dK and dV over the query blocks (4 matmuls a tile). dQ two ways (``dq_method``):
+    "recompute", a second kernel with one program per query block accumulating dQ over the key blocks
+    (3 more matmuls a tile: it recomputes Q K^T and dO V^T), deterministic; or "atomic", FlashAttention-2's
+    way, where the dK/dV programs also add each tile's dS K into a float32 dQ with atomics (1 more matmul;
+    the order of the additions, and so the last bits of dQ, vary from run to run). P is recomputed tile by
+    tile as exp(q_i . k_j * scale - lse_i): the L x S matrix is never stored, in the backward pass either.
+    Causal, only the tiles on the diagonal build a mask.
 
     Args:
         q, k, v: the forward's inputs; out, lse: what ``forward`` returned (lse in natural log);
         grad_out: (B, H, L, D) gradient of the output.
         block_m, block_n: both kernels' block sizes (default as in ``forward``); dkdv_config,
-            dq_config: one launch configuration each, as in ``DKDV_CONFIGS``, ``DQ_CONFIGS``.
+            dq_config: one launch configuration each, as in ``DKDV_CONFIGS`` (or ``ATOMIC_CONFIGS``), ``DQ_CONFIGS``.
+        dq_method: "recompute" or "atomic"; None: "recompute" under the interpreter, and on a GPU the faster
+            of the two, timed once per problem size (``dq_method_timings``) when the kernels are autotuned.
+        tma: as in ``forward``.
 
     Returns:
         dq (B, H, L, D), dk, dv (B, H, S, D), in the inputs' dtype.
@@ -451,6 +578,8 @@ def backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, grad_out
     if grad_out.shape != q.shape or out.shape != q.shape or lse.shape != q.shape[:3]:
         raise ValueError(f"grad_out and out must be {shape_str(q)} and lse {tuple(q.shape[:3])}, got grad_out "
                          f"{shape_str(grad_out)}, out {shape_str(out)}, lse {shape_str(lse)}")
+    if dq_method is not None and dq_method not in DQ_METHODS:
+        raise ValueError(f"dq_method must be one of {DQ_METHODS} or None, got {dq_method!r}")
     scale = _scale(scale, D)
     dkdv_config = _config(dkdv_config, block_m, block_n, q.device)
     dq_config = _config(dq_config, block_m, block_n, q.device)
@@ -459,17 +588,35 @@ def backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, grad_out
     q3, k3, v3, do3, out3 = (t.reshape(N, t.shape[2], D).contiguous() for t in (q, k, v, grad_out.to(q.dtype), out))
     lse2d = lse.reshape(N, L).float().contiguous()                               # (N, L), natural log
     delta = torch.empty(N, L, dtype=torch.float32, device=q.device)              # (N, L) D_i = rowsum(dO * O)
-    kernels = _kernels()
-    kernels.attn_bwd_preprocess_kernel[(math.ceil(L / PREPROCESS_BLOCK_M) * N,)](
+    _kernels().attn_bwd_preprocess_kernel[(math.ceil(L / PREPROCESS_BLOCK_M) * N,)](
         out3, do3, delta, N, L, D=D, BLOCK_M=PREPROCESS_BLOCK_M, BLOCK_D=_block_d(D))
     dq, dk, dv = torch.empty_like(q3), torch.empty_like(k3), torch.empty_like(v3)
+    use_tma = _use_tma(tma, q3, k3, v3, do3, dq, dk, dv)
+    wrap = _descriptor if use_tma else (lambda t: t)
+    Q, K, V, DO = wrap(q3), wrap(k3), wrap(v3), wrap(do3)
     meta = dict(D=D, IS_CAUSAL=bool(is_causal), BLOCK_D=_block_d(D), PRECISION=_precision(q.dtype),
-                UPCAST=_upcast(q.dtype))
-    qk_scale = scale * LOG2_E
-    _launch("attn_bwd_dkdv_kernel", S, N, dkdv_config, q3, k3, v3, do3, lse2d, delta, dk, dv, N, L, S, qk_scale,
-            scale, **meta)
-    _launch("attn_bwd_dq_kernel", L, N, dq_config, q3, k3, v3, do3, lse2d, delta, dq, N, L, S, qk_scale, scale,
-            **meta)
+                UPCAST=_upcast(q.dtype), TMA=use_tma)
+    sizes = dict(N=N, L=L, S=S, qk_scale=scale * LOG2_E, scale=scale)
+
+    def run(method: str) -> None:
+        if method == "atomic":
+            dq_acc = torch.zeros(N, L, D, dtype=torch.float32, device=q.device)  # (N, L, D) sum of dS K * scale
+            _launch("attn_bwd_dkdv_kernel", S, N, dkdv_config, dict(Q=Q, K=K, V=V, DO=DO, LSE=lse2d, DELTA=delta,
+                    DK=wrap(dk), DV=wrap(dv), DQ_ACC=dq_acc, **sizes), dict(meta, ATOMIC_DQ=True))
+            dq.copy_(dq_acc)
+        else:
+            _launch("attn_bwd_dkdv_kernel", S, N, dkdv_config, dict(Q=Q, K=K, V=V, DO=DO, LSE=lse2d, DELTA=delta,
+                    DK=wrap(dk), DV=wrap(dv), DQ_ACC=None, **sizes), dict(meta, ATOMIC_DQ=False))
+            _launch("attn_bwd_dq_kernel", L, N, dq_config, dict(Q=Q, K=K, V=V, DO=DO, LSE=lse2d, DELTA=delta,
+                    DQ=wrap(dq), **sizes), meta)
+
+    if dq_method is None:
+        if _compiled(q.device) and dkdv_config is None and dq_config is None:
+            key = (N, L, S, D, bool(is_causal), str(q.dtype).removeprefix("torch."), use_tma)
+            dq_method = _choose_dq_method(key, run)
+        else:
+            dq_method = "recompute"
+    run(dq_method)
     return dq.reshape(B, H, L, D), dk.reshape(B, H, S, D), dv.reshape(B, H, S, D)
 
 

@@ -3,15 +3,25 @@
 Taught in notebook 15 ("The forward kernel", "The backward kernels").
 
 Importing this module imports Triton (``pip install -e ".[triton]"``, Linux). Whether the kernels are
-compiled for a GPU or run by Triton's CPU interpreter is decided in one place,
-``selfattn_lite.triton_attention``, which sets ``TRITON_INTERPRET=1`` without CUDA *before* it
-imports this module (Triton reads the variable when a kernel is decorated).
+compiled for a GPU or run by Triton's CPU interpreter is decided in one place, the package's
+``__init__``, which sets ``TRITON_INTERPRET=1`` without CUDA *before* anything imports Triton
+(Triton reads the variable when a kernel is decorated).
 
 Layout: contiguous (N, L, D) tensors, N = batch * heads. Program ``pid`` of a launch on the
 one-dimensional grid of ``n_blocks * N`` programs works on block ``pid % n_blocks`` of head
 ``pid // n_blocks``; one grid axis holds up to 2^31 - 1 programs, where CUDA's second and third
 hold 65,535. Element (n, i, d) of Q sits at ``Q + n * L * D + i * D + d``; the head offset
 ``n * L * D`` is computed in int64, so tensors past 2^31 elements do not wrap.
+
+Two ways to fetch a tile (``load_block``, constexpr ``TMA``): with pointers (every thread computes the
+addresses and masks of its elements), or, on Hopper (sm_90) in bfloat16/float16, through a tensor
+descriptor: one request to the Tensor Memory Accelerator copies the whole tile to shared memory and
+zero-fills what lies past the tensor's edge. The interpreter runs both.
+
+Two ways to get dQ (constexpr ``ATOMIC_DQ`` of the dK/dV kernel): a second kernel that walks the key
+blocks again for each query block (``attn_bwd_dq_kernel``: 4 + 3 = 7 matmuls per tile pair), or, as
+FlashAttention-2 does, the dK/dV kernel adds each tile's dS K into a float32 dQ with atomics
+(4 + 1 = 5 matmuls, at the price of L2 atomic traffic and a summation order that varies run to run).
 
 Exponentials are taken in base 2 inside (``qk_scale = scale * log2(e)`` folded into the scores, so
 2^(s * qk_scale) = e^(s * scale)); the log-sum-exp crosses the kernels' boundary in natural log,
@@ -27,8 +37,9 @@ import triton.language as tl
 
 from . import efficient
 
-__all__ = ["dot", "load_rows", "attn_fwd_inner", "attn_fwd_kernel", "attn_bwd_preprocess_kernel",
-           "attn_bwd_dkdv_inner", "attn_bwd_dkdv_kernel", "attn_bwd_dq_inner", "attn_bwd_dq_kernel"]
+__all__ = ["dot", "load_rows", "load_block", "store_block", "attn_fwd_inner", "attn_fwd_kernel",
+           "attn_bwd_preprocess_kernel", "attn_bwd_dkdv_inner", "attn_bwd_dkdv_kernel", "attn_bwd_dq_inner",
+           "attn_bwd_dq_kernel"]
 
 LN_2 = tl.constexpr(math.log(2.0))           # base-2 log-sum-exp -> natural
 LOG2_E = tl.constexpr(efficient.LOG2_E)      # natural -> base 2, as a compile-time constant
@@ -100,21 +111,50 @@ def load_rows(base, rows, offs_d, n_rows, D: tl.constexpr, BLOCK_D: tl.constexpr
 
 
 @triton.jit
-def store_rows(base, rows, offs_d, n_rows, x, D: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Store the (R, BLOCK_D) block x into rows ``rows`` of a row-major (n_rows, D) matrix, masked."""
-    ptrs = base + rows[:, None] * D + offs_d[None, :]
-    if BLOCK_D == D:
-        tl.store(ptrs, x, mask=rows[:, None] < n_rows)
+def load_block(X, head, row0, offs_d, n_rows, D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+               MASK: tl.constexpr, TMA: tl.constexpr):
+    """Rows row0 ... row0 + BLOCK_R - 1 of head ``head`` of X (N, n_rows, D): an (BLOCK_R, BLOCK_D) block.
+
+    Taught in notebook 15, "The forward kernel".
+
+    TMA: X is a tensor descriptor of the (N, n_rows, D) tensor with block (1, BLOCK_R, BLOCK_D); one
+    thread asks Hopper's copy engine (the Tensor Memory Accelerator) for the whole tile, which it
+    writes to shared memory, zero-filling rows past n_rows and columns past D itself: no addresses,
+    no masks in registers. Otherwise X is a pointer and the threads load the tile with ``load_rows``
+    (the head offset ``head * n_rows * D`` in int64).
+    """
+    if TMA:
+        x = X.load([head, row0, 0]).reshape(BLOCK_R, BLOCK_D)
     else:
-        tl.store(ptrs, x, mask=(rows[:, None] < n_rows) & (offs_d[None, :] < D))
+        rows = row0 + tl.arange(0, BLOCK_R)
+        x = load_rows(X + head.to(tl.int64) * n_rows * D, rows, offs_d, n_rows, D, BLOCK_D, MASK)
+    return x
+
+
+@triton.jit
+def store_block(X, head, row0, offs_d, n_rows, x, D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+                TMA: tl.constexpr):
+    """Store the (BLOCK_R, BLOCK_D) block x into rows row0 ... of head ``head`` of X (N, n_rows, D).
+
+    Rows past n_rows and columns past D are not written (TMA clips them; the pointer store masks them).
+    """
+    if TMA:
+        X.store([head, row0, 0], x.reshape(1, BLOCK_R, BLOCK_D))
+    else:
+        rows = row0 + tl.arange(0, BLOCK_R)
+        ptrs = X + head.to(tl.int64) * n_rows * D + rows[:, None] * D + offs_d[None, :]
+        if BLOCK_D == D:
+            tl.store(ptrs, x, mask=rows[:, None] < n_rows)
+        else:
+            tl.store(ptrs, x, mask=(rows[:, None] < n_rows) & (offs_d[None, :] < D))
 
 
 # ------------------------------------------------------------------------------------------ forward
 
 @triton.jit
-def attn_fwd_inner(acc, l_i, m_i, q, K_head, V_head, k_start, k_end, offs_m, offs_n, offs_d, S, qk_scale,
+def attn_fwd_inner(acc, l_i, m_i, q, K, V, head, k_start, k_end, offs_m, offs_n, offs_d, S, qk_scale,
                    MASK: tl.constexpr, IS_CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
-                   BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+                   BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr):
     """One query block's walk over the key blocks k_start, k_start + BLOCK_N, ... < k_end.
 
     Taught in notebook 15, "The forward kernel".
@@ -125,8 +165,8 @@ def attn_fwd_inner(acc, l_i, m_i, q, K_head, V_head, k_start, k_end, offs_m, off
     """
     for k0 in range(k_start, k_end, BLOCK_N):
         offs_k = k0 + offs_n                                                       # (BLOCK_N,) key rows
-        k = load_rows(K_head, offs_k, offs_d, S, D, BLOCK_D, MASK)                 # (BLOCK_N, BLOCK_D)
-        v = load_rows(V_head, offs_k, offs_d, S, D, BLOCK_D, MASK)                 # (BLOCK_N, BLOCK_D)
+        k = load_block(K, head, k0, offs_d, S, D, BLOCK_N, BLOCK_D, MASK, TMA)     # (BLOCK_N, BLOCK_D)
+        v = load_block(V, head, k0, offs_d, S, D, BLOCK_N, BLOCK_D, MASK, TMA)     # (BLOCK_N, BLOCK_D)
         s = dot(q, tl.trans(k), PRECISION, UPCAST) * qk_scale                      # (BLOCK_M, BLOCK_N), base 2
         if MASK:
             keep = offs_k[None, :] < S
@@ -145,12 +185,13 @@ def attn_fwd_inner(acc, l_i, m_i, q, K_head, V_head, k_start, k_end, offs_m, off
 @triton.jit
 def attn_fwd_kernel(Q, K, V, O, LSE, N, L, S, qk_scale,
                     D: tl.constexpr, IS_CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+                    BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr):
     """Program pid: queries start_m * BLOCK_M ... + BLOCK_M - 1 of head n = pid // ceil(L / BLOCK_M).
 
     Taught in notebook 15, "The forward kernel".
 
-    Q (N, L, D), K and V (N, S, D), O (N, L, D), LSE (N, L) float32, natural log.
+    Q (N, L, D), K and V (N, S, D), O (N, L, D): pointers, or with TMA tensor descriptors of them;
+    LSE (N, L) float32, natural log.
     Causal (top-left, key j <= query i): key blocks entirely at or below every query of the block
     run without a mask (stage 1), the blocks that straddle the diagonal with one (stage 2), and the
     blocks after the last query are never loaded: the loop ends there. Causal programs run the
@@ -158,7 +199,7 @@ def attn_fwd_kernel(Q, K, V, O, LSE, N, L, S, qk_scale,
     """
     pid = tl.program_id(0)
     n_blocks = tl.cdiv(L, BLOCK_M)
-    head = (pid // n_blocks).to(tl.int64)            # which (batch, head); int64 offsets below
+    head = pid // n_blocks                           # which (batch, head); pointer offsets are int64
     start_m = pid % n_blocks                         # which block of queries
     if IS_CAUSAL:
         start_m = n_blocks - 1 - start_m             # the busiest programs first
@@ -166,8 +207,7 @@ def attn_fwd_kernel(Q, K, V, O, LSE, N, L, S, qk_scale,
     offs_m = q0 + tl.arange(0, BLOCK_M)              # (BLOCK_M,) query rows
     offs_n = tl.arange(0, BLOCK_N)                   # (BLOCK_N,) key rows within a block
     offs_d = tl.arange(0, BLOCK_D)                   # (BLOCK_D,) features, BLOCK_D = next power of 2 >= D
-    Q_head, K_head, V_head = Q + head * L * D, K + head * S * D, V + head * S * D
-    q = load_rows(Q_head, offs_m, offs_d, L, D, BLOCK_D, True)                    # (BLOCK_M, BLOCK_D)
+    q = load_block(Q, head, q0, offs_d, L, D, BLOCK_M, BLOCK_D, True, TMA)       # (BLOCK_M, BLOCK_D)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)     # running max
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)                   # running sum
@@ -179,14 +219,14 @@ def attn_fwd_kernel(Q, K, V, O, LSE, N, L, S, qk_scale,
     else:
         k_end = S
         unmasked_end = (S // BLOCK_N) * BLOCK_N                   # full blocks; the tail block needs the mask
-    acc, l_i, m_i = attn_fwd_inner(acc, l_i, m_i, q, K_head, V_head, 0, unmasked_end, offs_m, offs_n, offs_d,
-                                   S, qk_scale, False, IS_CAUSAL, BLOCK_N, D, BLOCK_D, PRECISION, UPCAST)  # 1
-    acc, l_i, m_i = attn_fwd_inner(acc, l_i, m_i, q, K_head, V_head, unmasked_end, k_end, offs_m, offs_n, offs_d,
-                                   S, qk_scale, True, IS_CAUSAL, BLOCK_N, D, BLOCK_D, PRECISION, UPCAST)   # 2
+    acc, l_i, m_i = attn_fwd_inner(acc, l_i, m_i, q, K, V, head, 0, unmasked_end, offs_m, offs_n, offs_d,
+                                   S, qk_scale, False, IS_CAUSAL, BLOCK_N, D, BLOCK_D, PRECISION, UPCAST, TMA)  # 1
+    acc, l_i, m_i = attn_fwd_inner(acc, l_i, m_i, q, K, V, head, unmasked_end, k_end, offs_m, offs_n, offs_d,
+                                   S, qk_scale, True, IS_CAUSAL, BLOCK_N, D, BLOCK_D, PRECISION, UPCAST, TMA)   # 2
 
     out = acc / l_i[:, None]                                      # every row saw key 0, so l_i > 0
-    store_rows(O + head * L * D, offs_m, offs_d, L, out.to(O.dtype.element_ty), D, BLOCK_D)
-    tl.store(LSE + head * L + offs_m, (m_i + tl.log2(l_i)) * LN_2, mask=offs_m < L)   # natural log
+    store_block(O, head, q0, offs_d, L, out.to(q.dtype), D, BLOCK_M, BLOCK_D, TMA)
+    tl.store(LSE + head.to(tl.int64) * L + offs_m, (m_i + tl.log2(l_i)) * LN_2, mask=offs_m < L)   # natural log
 
 
 # ------------------------------------------------------------------------------------------ backward
@@ -208,23 +248,26 @@ def attn_bwd_preprocess_kernel(O, DO, DELTA, N, L, D: tl.constexpr, BLOCK_M: tl.
 
 
 @triton.jit
-def attn_bwd_dkdv_inner(dk, dv, k, v, Q_head, DO_head, LSE_head, DELTA_head, q_start, q_end, offs_k, offs_d,
-                        L, qk_scale, MASK: tl.constexpr, IS_CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
-                        D: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    """One key block's walk over the query blocks q_start, q_start + BLOCK_M, ... < q_end: four matmuls a step.
+def attn_bwd_dkdv_inner(dk, dv, k, v, Q, DO, DQ_ACC, LSE_head, DELTA_head, head, q_start, q_end, offs_k, offs_d,
+                        L, qk_scale, scale, MASK: tl.constexpr, IS_CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
+                        BLOCK_N: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
+                        UPCAST: tl.constexpr, TMA: tl.constexpr, ATOMIC_DQ: tl.constexpr):
+    """One key block's walk over the query blocks q_start, q_start + BLOCK_M, ... < q_end: four matmuls a
+    step, five with ATOMIC_DQ.
 
     Taught in notebook 15, "The backward kernels".
 
         P^T = 2^(K Q^T * qk_scale - lse_2),  dV += P^T dO,  dP^T = V dO^T,  dS^T = P^T * (dP^T - DELTA),
         dK += dS^T Q   (times scale, once, at the end)
+        ATOMIC_DQ:  dQ_block += (dS^T)^T K * scale, added into the float32 DQ_ACC (N, L, D) with atomics
 
     k, v (BLOCK_N, BLOCK_D) stay; dk, dv (BLOCK_N, BLOCK_D) float32. With MASK, query rows past L read 0
     and (causal) pairs with key j > query i get P = 0; without it nothing is masked.
     """
     for q0 in range(q_start, q_end, BLOCK_M):
         offs_m = q0 + tl.arange(0, BLOCK_M)                                   # (BLOCK_M,) query rows
-        q = load_rows(Q_head, offs_m, offs_d, L, D, BLOCK_D, MASK)           # (BLOCK_M, BLOCK_D)
-        do = load_rows(DO_head, offs_m, offs_d, L, D, BLOCK_D, MASK)         # (BLOCK_M, BLOCK_D)
+        q = load_block(Q, head, q0, offs_d, L, D, BLOCK_M, BLOCK_D, MASK, TMA)     # (BLOCK_M, BLOCK_D)
+        do = load_block(DO, head, q0, offs_d, L, D, BLOCK_M, BLOCK_D, MASK, TMA)   # (BLOCK_M, BLOCK_D)
         if MASK:
             lse2 = tl.load(LSE_head + offs_m, mask=offs_m < L, other=0.0) * LOG2_E    # (BLOCK_M,) base 2
             delta = tl.load(DELTA_head + offs_m, mask=offs_m < L, other=0.0)          # (BLOCK_M,)
@@ -241,14 +284,20 @@ def attn_bwd_dkdv_inner(dk, dv, k, v, Q_head, DO_head, LSE_head, DELTA_head, q_s
         dpT = dot(v, tl.trans(do), PRECISION, UPCAST)                         # (BLOCK_N, BLOCK_M) dP^T
         dsT = pT * (dpT - delta[None, :])                                     # (BLOCK_N, BLOCK_M) dS^T
         dk += dot(dsT.to(q.dtype), q, PRECISION, UPCAST)
+        if ATOMIC_DQ:
+            dq = dot(tl.trans(dsT.to(k.dtype)), k, PRECISION, UPCAST) * scale  # (BLOCK_M, BLOCK_D) dS K
+            ptrs = DQ_ACC + head.to(tl.int64) * L * D + offs_m[:, None] * D + offs_d[None, :]
+            tl.atomic_add(ptrs, dq, mask=(offs_m[:, None] < L) & (offs_d[None, :] < D), sem="relaxed")
     return dk, dv
 
 
 @triton.jit
-def attn_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, N, L, S, qk_scale, scale,
+def attn_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, DQ_ACC, N, L, S, qk_scale, scale,
                          D: tl.constexpr, IS_CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                         BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    """Program pid: dK, dV of keys start_n * BLOCK_N ... + BLOCK_N - 1 of head n = pid // ceil(S / BLOCK_N).
+                         BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr,
+                         ATOMIC_DQ: tl.constexpr):
+    """Program pid: dK, dV of keys start_n * BLOCK_N ... + BLOCK_N - 1 of head n = pid // ceil(S / BLOCK_N);
+    with ATOMIC_DQ also this key block's share of dQ, added into DQ_ACC.
 
     Taught in notebook 15, "The backward kernels".
 
@@ -256,19 +305,20 @@ def attn_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, N, L, S, qk_scale, sca
     the full query blocks below it (no mask); then the last, partial query block (masked). Query
     blocks that end before the key block starts see none of its keys: the loop starts after them.
     Keys past S are loaded as 0; their rows of dK and dV are computed and never stored.
+    Q, K, V, DO, DK, DV: pointers, or with TMA tensor descriptors; DQ_ACC (N, L, D) float32, zeroed by
+    the caller (ATOMIC_DQ; otherwise unused); LSE, DELTA (N, L) float32.
     """
     pid = tl.program_id(0)
     n_blocks = tl.cdiv(S, BLOCK_N)
-    head = (pid // n_blocks).to(tl.int64)
+    head = pid // n_blocks
     k0 = (pid % n_blocks) * BLOCK_N
     offs_k = k0 + tl.arange(0, BLOCK_N)              # (BLOCK_N,) key rows
     offs_d = tl.arange(0, BLOCK_D)
-    k = load_rows(K + head * S * D, offs_k, offs_d, S, D, BLOCK_D, True)          # (BLOCK_N, BLOCK_D)
-    v = load_rows(V + head * S * D, offs_k, offs_d, S, D, BLOCK_D, True)          # (BLOCK_N, BLOCK_D)
+    k = load_block(K, head, k0, offs_d, S, D, BLOCK_N, BLOCK_D, True, TMA)        # (BLOCK_N, BLOCK_D)
+    v = load_block(V, head, k0, offs_d, S, D, BLOCK_N, BLOCK_D, True, TMA)        # (BLOCK_N, BLOCK_D)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
-    Q_head, DO_head = Q + head * L * D, DO + head * L * D
-    LSE_head, DELTA_head = LSE + head * L, DELTA + head * L
+    LSE_head, DELTA_head = LSE + head.to(tl.int64) * L, DELTA + head.to(tl.int64) * L
 
     full_end = (L // BLOCK_M) * BLOCK_M              # query blocks before full_end have BLOCK_M rows
     if IS_CAUSAL:
@@ -278,21 +328,23 @@ def attn_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, N, L, S, qk_scale, sca
     else:
         q_start = 0
         diag_end = 0
-    dk, dv = attn_bwd_dkdv_inner(dk, dv, k, v, Q_head, DO_head, LSE_head, DELTA_head, q_start, diag_end, offs_k,
-                                 offs_d, L, qk_scale, True, IS_CAUSAL, BLOCK_M, D, BLOCK_D, PRECISION, UPCAST)
-    dk, dv = attn_bwd_dkdv_inner(dk, dv, k, v, Q_head, DO_head, LSE_head, DELTA_head, diag_end, full_end, offs_k,
-                                 offs_d, L, qk_scale, False, IS_CAUSAL, BLOCK_M, D, BLOCK_D, PRECISION, UPCAST)
-    dk, dv = attn_bwd_dkdv_inner(dk, dv, k, v, Q_head, DO_head, LSE_head, DELTA_head, tl.maximum(full_end, diag_end),
-                                 L, offs_k, offs_d, L, qk_scale, True, IS_CAUSAL, BLOCK_M, D, BLOCK_D, PRECISION,
-                                 UPCAST)
-    store_rows(DK + head * S * D, offs_k, offs_d, S, (dk * scale).to(DK.dtype.element_ty), D, BLOCK_D)
-    store_rows(DV + head * S * D, offs_k, offs_d, S, dv.to(DV.dtype.element_ty), D, BLOCK_D)
+    dk, dv = attn_bwd_dkdv_inner(dk, dv, k, v, Q, DO, DQ_ACC, LSE_head, DELTA_head, head, q_start, diag_end, offs_k,
+                                 offs_d, L, qk_scale, scale, True, IS_CAUSAL, BLOCK_M, BLOCK_N, D, BLOCK_D, PRECISION,
+                                 UPCAST, TMA, ATOMIC_DQ)
+    dk, dv = attn_bwd_dkdv_inner(dk, dv, k, v, Q, DO, DQ_ACC, LSE_head, DELTA_head, head, diag_end, full_end, offs_k,
+                                 offs_d, L, qk_scale, scale, False, IS_CAUSAL, BLOCK_M, BLOCK_N, D, BLOCK_D, PRECISION,
+                                 UPCAST, TMA, ATOMIC_DQ)
+    dk, dv = attn_bwd_dkdv_inner(dk, dv, k, v, Q, DO, DQ_ACC, LSE_head, DELTA_head, head, tl.maximum(full_end, diag_end),
+                                 L, offs_k, offs_d, L, qk_scale, scale, True, IS_CAUSAL, BLOCK_M, BLOCK_N, D, BLOCK_D,
+                                 PRECISION, UPCAST, TMA, ATOMIC_DQ)
+    store_block(DK, head, k0, offs_d, S, (dk * scale).to(k.dtype), D, BLOCK_N, BLOCK_D, TMA)
+    store_block(DV, head, k0, offs_d, S, dv.to(k.dtype), D, BLOCK_N, BLOCK_D, TMA)
 
 
 @triton.jit
-def attn_bwd_dq_inner(dq, q, do, lse2, delta, K_head, V_head, k_start, k_end, offs_m, offs_n, offs_d, S, qk_scale,
+def attn_bwd_dq_inner(dq, q, do, lse2, delta, K, V, head, k_start, k_end, offs_m, offs_n, offs_d, S, qk_scale,
                       MASK: tl.constexpr, IS_CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
-                      BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+                      BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr):
     """One query block's walk over key blocks k_start, ... < k_end: three matmuls a step.
 
     Taught in notebook 15, "The backward kernels".
@@ -302,8 +354,8 @@ def attn_bwd_dq_inner(dq, q, do, lse2, delta, K_head, V_head, k_start, k_end, of
     """
     for k0 in range(k_start, k_end, BLOCK_N):
         offs_k = k0 + offs_n
-        k = load_rows(K_head, offs_k, offs_d, S, D, BLOCK_D, MASK)               # (BLOCK_N, BLOCK_D)
-        v = load_rows(V_head, offs_k, offs_d, S, D, BLOCK_D, MASK)               # (BLOCK_N, BLOCK_D)
+        k = load_block(K, head, k0, offs_d, S, D, BLOCK_N, BLOCK_D, MASK, TMA)   # (BLOCK_N, BLOCK_D)
+        v = load_block(V, head, k0, offs_d, S, D, BLOCK_N, BLOCK_D, MASK, TMA)   # (BLOCK_N, BLOCK_D)
         p = tl.exp2(dot(q, tl.trans(k), PRECISION, UPCAST) * qk_scale - lse2[:, None])   # (BLOCK_M, BLOCK_N)
         if MASK:
             keep = offs_k[None, :] < S
@@ -319,7 +371,7 @@ def attn_bwd_dq_inner(dq, q, do, lse2, delta, K_head, V_head, k_start, k_end, of
 @triton.jit
 def attn_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, N, L, S, qk_scale, scale,
                        D: tl.constexpr, IS_CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                       BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+                       BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr):
     """Program pid: dQ of queries start_m * BLOCK_M ... + BLOCK_M - 1 of head n = pid // ceil(L / BLOCK_M).
 
     Taught in notebook 15, "The backward kernels".
@@ -329,7 +381,7 @@ def attn_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, N, L, S, qk_scale, scale,
     """
     pid = tl.program_id(0)
     n_blocks = tl.cdiv(L, BLOCK_M)
-    head = (pid // n_blocks).to(tl.int64)
+    head = pid // n_blocks
     start_m = pid % n_blocks
     if IS_CAUSAL:
         start_m = n_blocks - 1 - start_m
@@ -337,12 +389,11 @@ def attn_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, N, L, S, qk_scale, scale,
     offs_m = q0 + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
-    q = load_rows(Q + head * L * D, offs_m, offs_d, L, D, BLOCK_D, True)         # (BLOCK_M, BLOCK_D)
-    do = load_rows(DO + head * L * D, offs_m, offs_d, L, D, BLOCK_D, True)       # (BLOCK_M, BLOCK_D)
-    lse2 = tl.load(LSE + head * L + offs_m, mask=offs_m < L, other=0.0) * LOG2_E
-    delta = tl.load(DELTA + head * L + offs_m, mask=offs_m < L, other=0.0)
+    q = load_block(Q, head, q0, offs_d, L, D, BLOCK_M, BLOCK_D, True, TMA)       # (BLOCK_M, BLOCK_D)
+    do = load_block(DO, head, q0, offs_d, L, D, BLOCK_M, BLOCK_D, True, TMA)     # (BLOCK_M, BLOCK_D)
+    lse2 = tl.load(LSE + head.to(tl.int64) * L + offs_m, mask=offs_m < L, other=0.0) * LOG2_E
+    delta = tl.load(DELTA + head.to(tl.int64) * L + offs_m, mask=offs_m < L, other=0.0)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    K_head, V_head = K + head * S * D, V + head * S * D
 
     if IS_CAUSAL:
         k_end = tl.minimum(S, q0 + BLOCK_M)
@@ -350,8 +401,8 @@ def attn_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, N, L, S, qk_scale, scale,
     else:
         k_end = S
         unmasked_end = (S // BLOCK_N) * BLOCK_N
-    dq = attn_bwd_dq_inner(dq, q, do, lse2, delta, K_head, V_head, 0, unmasked_end, offs_m, offs_n, offs_d, S,
-                           qk_scale, False, IS_CAUSAL, BLOCK_N, D, BLOCK_D, PRECISION, UPCAST)
-    dq = attn_bwd_dq_inner(dq, q, do, lse2, delta, K_head, V_head, unmasked_end, k_end, offs_m, offs_n, offs_d, S,
-                           qk_scale, True, IS_CAUSAL, BLOCK_N, D, BLOCK_D, PRECISION, UPCAST)
-    store_rows(DQ + head * L * D, offs_m, offs_d, L, (dq * scale).to(DQ.dtype.element_ty), D, BLOCK_D)
+    dq = attn_bwd_dq_inner(dq, q, do, lse2, delta, K, V, head, 0, unmasked_end, offs_m, offs_n, offs_d, S,
+                           qk_scale, False, IS_CAUSAL, BLOCK_N, D, BLOCK_D, PRECISION, UPCAST, TMA)
+    dq = attn_bwd_dq_inner(dq, q, do, lse2, delta, K, V, head, unmasked_end, k_end, offs_m, offs_n, offs_d, S,
+                           qk_scale, True, IS_CAUSAL, BLOCK_N, D, BLOCK_D, PRECISION, UPCAST, TMA)
+    store_block(DQ, head, q0, offs_d, L, (dq * scale).to(q.dtype), D, BLOCK_M, BLOCK_D, TMA)

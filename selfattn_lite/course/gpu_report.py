@@ -48,10 +48,13 @@ The sections, in order (``SECTIONS``; * = also in ``--quick``):
 How long on an H200 (estimated from counts; no H200 was at hand when this was written). A section
 process starts in about 5 s (Python, torch, the CUDA context). ``--quick``: provenance ~5 s; calibrate
 ~10 s (GEMM and copy, 1 s of samples each, plus warm-up); each Triton section compiles what the
-autotuner tries, at most 2 masks x (4 forward + 4 x 2 backward configurations) = 24 compiles of roughly
-1-2 s each for bf16 on sm_90 (25-50 s), then 16 timings of ~0.4 s (forward and backward, Triton and
-SDPA, two masks) and a float64 reference on one batch element (~1 s): 40-60 s per head size; ``tiled``:
-8 timings of eager PyTorch, ~10 s. About 2-2.5 min in all. The full report adds ``tests`` (<= 150 s; its
+autotuner tries: 2 masks x (3 forward + 2 dK/dV + 2 dK/dV-with-atomic-dQ + 2 dQ configurations) = 18
+compiles. Compiled for sm_90 on a 2-core CPU with Triton 3.6, the 88 cases of ``sm90_compile`` (the same
+kernels and configurations, bf16 and fp16) took 25 s with 2 workers, about 1.1 CPU-seconds each, so about
+20 s per head size. The first backward at each mask times both dQ methods (2 x 4 backward calls of a few
+ms); then 16 timings of ~0.4 s (forward and backward, Triton and SDPA, two masks) and a float64 reference
+on one batch element (~1 s): 40-60 s per head size; ``tiled``: 8 timings of eager PyTorch, ~10 s. About
+2-2.5 min in all. The full report adds ``tests`` (<= 150 s; its
 273 tests took 65 s on a busy 2-core CPU) and ``nb01``-``nb11`` (2-3 min, mostly nb08's and nb11's
 sweeps): about 6-7 min. Both are also capped: a section is killed at its timeout and gets at most the
 time left of ``QUICK_TOTAL_S`` (235 s) or ``FULL_TOTAL_S`` (470 s); a section with no time left is
@@ -476,7 +479,7 @@ def _run_isolated(section: Section, out: Path, cmd: list[str], env: dict, timeou
 SUMMARY_COLUMNS = [("notebook", "nb"), ("what", "what"), ("impl", "implementation"), ("shape", "shape"),
                    ("dtype", "dtype"), ("ms", "ms"), ("tflops", "TFLOP/s"), ("gb_per_s", "GB/s"),
                    ("peak_share", "% of peak"), ("vs_sdpa", "time / SDPA's"), ("err_ulps", "err vs float64 (ulps)"),
-                   ("backend", "SDPA backend")]
+                   ("backend", "SDPA backend / kernel path")]
 
 
 def _cell(key: str, value) -> str:

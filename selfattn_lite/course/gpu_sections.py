@@ -379,13 +379,30 @@ def _float64_check(rows: list[dict]) -> dict:
 
 
 def _triton(ctx: Context, D: int) -> dict:
+    """The Triton kernel's rows; each says, in the path column, how its tiles were fetched (TMA descriptors or
+    pointers) and, for the backward, which dQ method the kernel's first backward timed faster
+    (``triton_attention.dq_method_timings``: both methods' times are kept in the section's record)."""
     from .. import triton_attention
 
     def triton_fa(q, k, v, is_causal):
         return triton_attention.flash_attention(q, k, v, is_causal=is_causal)
 
-    return _kernel_rows(ctx, {"Triton flash_attention": triton_fa}, D=ctx.pick(D, D // 4),
-                        notebook=dict(forward="15", backward="11,15"))
+    D = ctx.pick(D, D // 4)
+    result = _kernel_rows(ctx, {"Triton flash_attention": triton_fa}, D=D, notebook=dict(forward="15", backward="11,15"))
+    timings = triton_attention.dq_method_timings()
+    result["dq_methods"] = timings
+    probe = torch.empty(1, 1, 1, D, dtype=DTYPE, device=ctx.device)
+    tma = triton_attention.tma_by_default(probe)
+    for row in result["summary_rows"]:
+        if row["impl"] != "Triton flash_attention":
+            continue
+        path = "TMA loads" if tma else "pointer loads"
+        if row["what"].startswith("backward"):
+            chosen = [t for key, t in timings.items() if f"D={D} causal={row['is_causal']}" in key]
+            method = chosen[0]["chosen"] if chosen else "recompute"
+            path += f", dQ {method} ({5 if method == 'atomic' else 7} matmuls)"
+        row["backend"] = path
+    return result
 
 
 def triton_d64(ctx: Context) -> dict:

@@ -34,7 +34,11 @@ SIZES = dict(N=64, L=4096, S=4096)   # B * H = 4 * 16 heads, n = 4096: the sizes
 _PTR = {"bf16": "*bf16", "fp16": "*fp16"}
 
 
-def _signature(kernel: str, dtype: str) -> dict[str, str]:
+def _signature(kernel: str, dtype: str, tma: bool, block_m: int, block_n: int, block_d: int) -> dict[str, str]:
+    """Triton's type string of each runtime argument; with TMA the tiles' tensors are host-side tensor
+    descriptors of 3-d (N, rows, D) tensors with blocks (1, BLOCK_M or BLOCK_N, BLOCK_D)."""
+    from .. import triton_attention as ta
+
     t, f = _PTR[dtype], "*fp32"
     if kernel == "attn_fwd_kernel":
         ptrs = dict(Q=t, K=t, V=t, O=t, LSE=f)
@@ -43,29 +47,40 @@ def _signature(kernel: str, dtype: str) -> dict[str, str]:
         ptrs = dict(O=t, DO=t, DELTA=f)
         rest = dict(N="i32", L="i32")
     elif kernel == "attn_bwd_dkdv_kernel":
-        ptrs = dict(Q=t, K=t, V=t, DO=t, LSE=f, DELTA=f, DK=t, DV=t)
+        ptrs = dict(Q=t, K=t, V=t, DO=t, LSE=f, DELTA=f, DK=t, DV=t, DQ_ACC=f)
         rest = dict(N="i32", L="i32", S="i32", qk_scale="fp32", scale="fp32")
     else:
         ptrs = dict(Q=t, K=t, V=t, DO=t, LSE=f, DELTA=f, DQ=t)
         rest = dict(N="i32", L="i32", S="i32", qk_scale="fp32", scale="fp32")
+    if tma:
+        blocks = dict(BLOCK_M=block_m, BLOCK_N=block_n)
+        for arg, block in ta.DESCRIPTOR_BLOCKS[kernel].items():
+            ptrs[arg] = f"tensordesc<{dtype}[1,{blocks[block]},{block_d}]>"
     return {**ptrs, **rest}
 
 
 def cases(dtypes=DTYPES, head_dims=HEAD_DIMS, causal=(False, True)) -> list[dict]:
-    """One dict per (kernel, configuration, dtype, D, causal) that ``flash_attention`` can launch on sm_90."""
+    """One dict per (kernel, configuration, dtype, D, causal, tma, atomic_dq) that ``flash_attention`` can launch
+    on sm_90: every configuration with TMA descriptors (what bfloat16/float16 at D = 64, 128 runs there), the
+    dK/dV kernel with and without atomic dQ, and each kernel's first configuration with pointer loads (what
+    runs where descriptors cannot: a D that is not a multiple of 8), not causal."""
     from .. import triton_attention as ta
 
     out = []
     for dtype in dtypes:
         for D in head_dims:
             for is_causal in causal:
-                for kernel, configs in (("attn_fwd_kernel", ta.FWD_CONFIGS), ("attn_bwd_dkdv_kernel", ta.DKDV_CONFIGS),
-                                        ("attn_bwd_dq_kernel", ta.DQ_CONFIGS)):
-                    for config in configs:
-                        out.append(dict(kernel=kernel, config=dict(config), dtype=dtype, D=D, causal=is_causal))
+                for kernel, configs, atomic in (("attn_fwd_kernel", ta.FWD_CONFIGS, None),
+                                                ("attn_bwd_dkdv_kernel", ta.DKDV_CONFIGS, False),
+                                                ("attn_bwd_dkdv_kernel", ta.ATOMIC_CONFIGS, True),
+                                                ("attn_bwd_dq_kernel", ta.DQ_CONFIGS, None)):
+                    for i, config in enumerate(configs):
+                        for tma in (True, False) if i == 0 and not is_causal and atomic is not True else (True,):
+                            out.append(dict(kernel=kernel, config=dict(config), dtype=dtype, D=D, causal=is_causal,
+                                            tma=tma, atomic_dq=atomic))
             out.append(dict(kernel="attn_bwd_preprocess_kernel",
                             config=dict(BLOCK_M=ta.PREPROCESS_BLOCK_M, num_warps=4, num_stages=1),
-                            dtype=dtype, D=D, causal=None))
+                            dtype=dtype, D=D, causal=None, tma=False, atomic_dq=None))
     return out
 
 
@@ -86,10 +101,13 @@ def compile_case(case: dict) -> dict:
 
     kernel, config, D = case["kernel"], case["config"], case["D"]
     fn = getattr(triton_kernels, kernel)
-    signature = _signature(kernel, case["dtype"])
+    signature = _signature(kernel, case["dtype"], case["tma"], config["BLOCK_M"], config.get("BLOCK_N", 0), D)
     constexprs = dict(D=D, BLOCK_M=config["BLOCK_M"], BLOCK_D=D)
     if kernel != "attn_bwd_preprocess_kernel":
-        constexprs.update(IS_CAUSAL=case["causal"], BLOCK_N=config["BLOCK_N"], PRECISION="tf32", UPCAST=False)
+        constexprs.update(IS_CAUSAL=case["causal"], BLOCK_N=config["BLOCK_N"], PRECISION="tf32", UPCAST=False,
+                          TMA=case["tma"])
+    if kernel == "attn_bwd_dkdv_kernel":
+        constexprs.update(ATOMIC_DQ=case["atomic_dq"])
     signature.update({name: "constexpr" for name in constexprs})
     names = list(fn.arg_names)
     signature = {name: signature[name] for name in names}
@@ -112,6 +130,7 @@ def compile_case(case: dict) -> dict:
     return dict(case, registers=int(found["REG"]), stack=int(found["STACK"]), local=int(found["LOCAL"]),
                 shared_bytes=int(found["SHARED"]) + int(compiled.metadata.shared),
                 wgmma=ptx.count("wgmma.mma_async"), mma_sync=ptx.count("mma.sync"),
+                tma_loads=ptx.count("cp.async.bulk.tensor"), atomics=len(re.findall(r"\b(?:red|atom)\.global", ptx)),
                 int64_offsets=bool(re.search(r"arith\.extsi .*: i32 to i64", ttir)),
                 seconds=round(seconds, 1), triton=triton.__version__)
 
@@ -139,9 +158,11 @@ def main(argv: list[str] | None = None) -> None:
                                               results=results), indent=1) + "\n")
     for r in results:
         c = r["config"]
+        variant = ("tma" if r["tma"] else "ptr") + (" atomic-dq" if r["atomic_dq"] else "")
         print(f"{r['kernel']:<27} {c.get('BLOCK_M')}x{c.get('BLOCK_N', '-')} w{c['num_warps']} s{c['num_stages']} "
-              f"{r['dtype']} d={r['D']:<3} causal={r['causal']!s:<5} reg {r['registers']:>3} stack {r['stack']:>4} "
-              f"local {r['local']} smem {r['shared_bytes']:>6} wgmma {r['wgmma']:>3} mma.sync {r['mma_sync']}")
+              f"{r['dtype']} d={r['D']:<3} causal={r['causal']!s:<5} {variant:<13} reg {r['registers']:>3} "
+              f"stack {r['stack']:>4} local {r['local']} smem {r['shared_bytes']:>6} wgmma {r['wgmma']:>3} "
+              f"mma.sync {r['mma_sync']} tma {r['tma_loads']:>2} atomics {r['atomics']}")
     print(f"{len(results)} compiles in {time.perf_counter() - start:.0f} s")
 
 

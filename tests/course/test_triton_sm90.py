@@ -2,13 +2,15 @@
 
 ``selfattn_lite.course.sm90_compile`` runs ``triton.compile(ASTSource(...), target=GPUTarget("cuda", 90,
 32))`` for the forward, dK/dV, dQ and preprocessing kernels, each configuration of ``FWD_CONFIGS``,
-``DKDV_CONFIGS``, ``DQ_CONFIGS``, in bf16 and fp16, at d = 64 and 128, causal and not. It runs in a
+``DKDV_CONFIGS``, ``ATOMIC_CONFIGS`` (dK/dV adding dQ with atomics), ``DQ_CONFIGS``, in bf16 and fp16, at d = 64
+and 128, causal and not, with TMA tensor descriptors (what bf16/fp16 runs on an H200), plus each kernel's
+first configuration with pointer loads. It runs in a
 subprocess with TRITON_INTERPRET=0: under the interpreter ``@triton.jit`` functions cannot be
 compiled. This asserts what the GPU will see: every case compiles, its matmuls are Hopper's ``wgmma``
 (no ``mma.sync`` fallback), ptxas spills nothing (cuobjdump: STACK 0, LOCAL 0), shared memory fits the
 227 KB an sm_90 block may use, and the head offsets are 64-bit (issue 23 #7: ``n * L * D`` in int32
 wrapped past 2^31 elements). The table is printed (``pytest -s``) and written to JSON.
-About 60 compiles of 3 to 15 s each: minutes on a 2-core machine, so it is marked slow (CI runs it).
+88 compiles of about 1 s each (Triton 3.6): about a minute on 2 cores, so it is marked slow (CI runs it).
 """
 
 import json
@@ -43,7 +45,19 @@ def test_every_kernel_and_config_was_compiled(compiled):
     assert got == want
     assert {r["kernel"] for r in compiled} == {"attn_fwd_kernel", "attn_bwd_dkdv_kernel", "attn_bwd_dq_kernel",
                                                "attn_bwd_preprocess_kernel"}
-    assert len(compiled) == 2 * 2 * (2 * (len(ta.FWD_CONFIGS) + len(ta.DKDV_CONFIGS) + len(ta.DQ_CONFIGS)) + 1)
+    per_mask = len(ta.FWD_CONFIGS) + len(ta.DKDV_CONFIGS) + len(ta.ATOMIC_CONFIGS) + len(ta.DQ_CONFIGS)
+    pointer_variants = 3                      # the first config of forward, dK/dV, dQ, not causal
+    assert len(compiled) == 2 * 2 * (2 * per_mask + pointer_variants + 1)
+    assert {(r["tma"], r["atomic_dq"]) for r in compiled if r["kernel"] == "attn_bwd_dkdv_kernel"} == \
+        {(True, False), (True, True), (False, False)}
+
+
+def test_tma_cases_load_through_the_copy_engine(compiled):
+    """Item 6: with descriptors every tile load is a TMA copy (cp.async.bulk.tensor) and the pointer variant
+    has none; only the dK/dV kernel with atomic dQ issues global atomics (red/atom.global)."""
+    for r in compiled:
+        assert (r["tma_loads"] > 0) == r["tma"], r
+        assert (r["atomics"] > 0) == bool(r["atomic_dq"]), r
 
 
 def test_matmuls_are_wgmma(compiled):

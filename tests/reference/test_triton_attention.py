@@ -205,6 +205,102 @@ def test_half_precision_error_is_within_twice_sdpas(dtype, causal):
 
 
 @needs_triton
+@pytest.mark.parametrize("tma, dq_method", [(False, "atomic"), (True, "recompute"), (True, "atomic")])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("causal", [False, True])
+def test_tma_and_atomic_dq_paths_are_as_exact_as_sdpa(tma, dq_method, dtype, causal):
+    """Issue 23 #4 and item 6: tiles fetched through tensor descriptors (TMA on Hopper, emulated by the
+    interpreter: rows past L and S and columns past D arrive as zeros) and dQ added with atomics (5 matmuls a
+    tile pair) give the pointer path's accuracy: within 2x torch SDPA's own error against float64 + eps.
+    L = 45, S = 37 and D = 24 are not multiples of the blocks (16), so every edge of every descriptor is hit."""
+    q, k, v = qkv(1, 2, 45, 37, 24, dtype=torch.float64, seed=21)
+    do = randn(1, 2, 45, 24, seed=22, dtype=torch.float64)
+
+    def sdpa(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    exact = grads(sdpa, q, k, v, do)
+    low = [t.to(dtype) for t in (q, k, v, do)]
+    torch_err = [(a.double() - e).abs().max().item() for a, e in zip(grads(sdpa, *low), exact)]
+    out, lse = ta.forward(*low[:3], is_causal=causal, block_m=16, block_n=16, tma=tma)
+    dq, dk, dv = ta.backward(*low[:3], out, lse, low[3], is_causal=causal, block_m=16, block_n=16,
+                             dq_method=dq_method, tma=tma)
+    eps = torch.finfo(dtype).eps
+    for name, a, e, t_err in zip(("out", "dq", "dk", "dv"), (out, dq, dk, dv), exact, torch_err):
+        assert a.dtype == dtype
+        err = (a.double() - e).abs().max().item()
+        assert err <= 2 * t_err + eps, f"{dtype} tma={tma} {dq_method} {name}: error {err:.2e} vs SDPA's {t_err:.2e}"
+
+
+@needs_triton
+@FEW
+@given(L=st.integers(1, 50), S=st.integers(1, 50), D=st.sampled_from([16, 24, 40]),
+       block_m=st.sampled_from([16, 32]), block_n=st.sampled_from([16, 32]), causal=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_atomic_dq_equals_autograd(L, S, D, block_m, block_n, causal, seed):
+    """FlashAttention-2's dQ: every key block adds its dS K into a float32 buffer; float32 inputs, any sizes."""
+    q, k, v = qkv(1, 2, L, S, D, seed=seed)
+    do = randn(1, 2, L, D, seed=seed + 1)
+    out, lse = ta.forward(q, k, v, is_causal=causal, block_m=block_m, block_n=block_n)
+    got = ta.backward(q, k, v, out, lse, do, is_causal=causal, block_m=block_m, block_n=block_n, dq_method="atomic")
+    want = grads(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal), q, k, v, do)[1:]
+    for name, g, w in zip(("dq", "dk", "dv"), got, want):
+        torch.testing.assert_close(g, w, **FP32, msg=lambda m, name=name: f"{name}: {m}")
+
+
+@needs_triton
+def test_tma_and_dq_method_reject_what_they_cannot_do():
+    q, k, v = qkv(1, 1, 8, 8, 16)
+    with pytest.raises(ValueError, match="tma=True needs bfloat16/float16"):
+        ta.forward(q, k, v, tma=True)                                    # float32: no descriptors
+    h = [t.half() for t in qkv(1, 1, 8, 8, 20)]
+    assert not ta.tma_supported(*h)                                      # 20 halves = 40 bytes a row
+    with pytest.raises(ValueError, match="D = 20"):
+        ta.forward(*h, tma=True)
+    out, lse = ta.forward(q, k, v)
+    with pytest.raises(ValueError, match="dq_method"):
+        ta.backward(q, k, v, out, lse, torch.ones_like(q), dq_method="fast")
+    assert ta.tma_supported(*(t.half() for t in (q, k, v))) == ta.interpreting() or torch.cuda.is_available()
+
+
+def test_dq_method_is_timed_once_and_the_faster_kept(monkeypatch):
+    monkeypatch.setattr(ta, "_DQ_TIMINGS", {})
+    ran = []
+    fake_ms = {"recompute": 3.0, "atomic": 2.0}
+
+    def timer(call):
+        call()
+        return fake_ms[ran[-1]]
+
+    key = (64, 4096, 4096, 128, True, "bfloat16", True)
+    assert ta._choose_dq_method(key, ran.append, timer=timer) == "atomic"
+    assert ta._choose_dq_method(key, ran.append, timer=timer) == "atomic"
+    assert ran == ["recompute", "atomic"]                                # timed once per problem
+    assert ta.dq_method_timings() == {"N=64 L=4096 S=4096 D=128 causal=True dtype=bfloat16 tma=True":
+                                      dict(recompute=3.0, atomic=2.0, chosen="atomic")}
+
+
+@needs_triton
+def test_autotuned_descriptors_get_each_configs_blocks():
+    """With TMA the descriptors' block shapes depend on the configuration: a pre-hook per config sets them
+    (1, BLOCK_M or BLOCK_N, BLOCK_D) before the autotuner runs it; plain tensors are left alone."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    x = torch.zeros(2, 64, 32, dtype=torch.float16)
+    for name, kinds in ta.DESCRIPTOR_BLOCKS.items():
+        for atomic in ((False, True) if name == "attn_bwd_dkdv_kernel" else (False,)):
+            for config in ta._autotuned(name, atomic).configs:
+                nargs = {arg: ta._descriptor(x) for arg in kinds}
+                nargs.update(LSE=torch.zeros(2, 64), BLOCK_D=32, **config.kwargs)
+                config.pre_hook(nargs)
+                for arg, block in kinds.items():
+                    assert isinstance(nargs[arg], TensorDescriptor)
+                    assert nargs[arg].block_shape == [1, config.kwargs[block], 32], (name, arg)
+    assert [c.kwargs["BLOCK_M"] for c in ta._autotuned("attn_bwd_dkdv_kernel", True).configs] == \
+        [c["BLOCK_M"] for c in ta.ATOMIC_CONFIGS]
+
+
+@needs_triton
 def test_interpreter_bf16_dot_needs_the_upcast():
     """The reason for triton_kernels.dot's UPCAST: without it the interpreter's bf16 dot is garbage."""
     if not ta.interpreting():
@@ -307,7 +403,7 @@ def fake_cuda(monkeypatch):
     log, errors = [], {}
     monkeypatch.setattr(ta, "_compiled", lambda device: True)
     monkeypatch.setattr(ta, "_check_device", lambda *tensors: None)     # CPU tensors pass, also on a GPU machine
-    monkeypatch.setattr(ta, "_autotuned", lambda name: FakeKernel(name, log, errors.get(name)))
+    monkeypatch.setattr(ta, "_autotuned", lambda name, atomic=False: FakeKernel(name, log, errors.get(name)))
     return log, errors
 
 
@@ -369,6 +465,21 @@ def test_forward_only_call_tunes_only_the_forward(fake_cuda):
     with torch.no_grad():
         ta.flash_attention(q, k, v)
     assert [name for name, _ in log] == ["attn_fwd_kernel"]
+
+
+@needs_triton
+def test_first_backward_times_both_dq_methods_then_runs_the_faster(fake_cuda, monkeypatch):
+    """On a GPU (faked) the first backward of a size runs each dQ method under a timer, keeps the faster and
+    runs it: the launch log shows dK/dV + dQ (recompute), dK/dV with atomics, then the winner."""
+    log, _ = fake_cuda
+    monkeypatch.setattr(ta, "_DQ_TIMINGS", {})
+    monkeypatch.setattr(ta, "_cuda_ms", lambda call: (call(), 1.0 if len(log) >= 3 else 2.0)[1])
+    q, k, v = (torch.randn(1, 1, 8, 16) for _ in range(3))
+    ta.backward(q, k, v, q.clone(), torch.zeros(1, 1, 8), torch.ones_like(q))
+    names = [name for name, _ in log]
+    assert names == ["attn_bwd_dkdv_kernel", "attn_bwd_dq_kernel", "attn_bwd_dkdv_kernel", "attn_bwd_dkdv_kernel"]
+    (timing,) = ta.dq_method_timings().values()
+    assert timing == dict(recompute=2.0, atomic=1.0, chosen="atomic")
 
 
 @needs_triton
