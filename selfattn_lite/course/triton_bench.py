@@ -133,8 +133,8 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("the Triton benchmark needs a CUDA GPU (on CPU the interpreter checks correctness only)")
     records = benchmark("cuda", budget_s=args.budget_s)
     goal = {D: summarize(records, D=D) for D in sorted({r["D"] for r in records})}
-    result = dict(records=records, goal=goal, configs=dict(fwd=ta.FWD_CONFIGS, dkdv=ta.DKDV_CONFIGS, atomic=ta.ATOMIC_CONFIGS,
-                                                                   dq=ta.DQ_CONFIGS))
+    configs = dict(fwd=ta.FWD_CONFIGS, dkdv=ta.DKDV_CONFIGS, atomic=ta.ATOMIC_CONFIGS, dq=ta.DQ_CONFIGS)
+    result = dict(records=records, goal=goal, configs=configs, dq_methods=ta.dq_method_timings())
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1))
     print(json.dumps(goal, indent=1))
