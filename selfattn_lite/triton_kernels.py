@@ -334,9 +334,10 @@ def attn_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, DQ_ACC, N, L, S, qk_sc
     dk, dv = attn_bwd_dkdv_inner(dk, dv, k, v, Q, DO, DQ_ACC, LSE_head, DELTA_head, head, diag_end, full_end, offs_k,
                                  offs_d, L, qk_scale, scale, False, IS_CAUSAL, BLOCK_M, BLOCK_N, D, BLOCK_D, PRECISION,
                                  UPCAST, TMA, ATOMIC_DQ)
-    dk, dv = attn_bwd_dkdv_inner(dk, dv, k, v, Q, DO, DQ_ACC, LSE_head, DELTA_head, head, tl.maximum(full_end, diag_end),
-                                 L, offs_k, offs_d, L, qk_scale, scale, True, IS_CAUSAL, BLOCK_M, BLOCK_N, D, BLOCK_D,
-                                 PRECISION, UPCAST, TMA, ATOMIC_DQ)
+    tail_start = tl.maximum(full_end, diag_end)
+    dk, dv = attn_bwd_dkdv_inner(dk, dv, k, v, Q, DO, DQ_ACC, LSE_head, DELTA_head, head, tail_start, L, offs_k,
+                                 offs_d, L, qk_scale, scale, True, IS_CAUSAL, BLOCK_M, BLOCK_N, D, BLOCK_D, PRECISION,
+                                 UPCAST, TMA, ATOMIC_DQ)
     store_block(DK, head, k0, offs_d, S, (dk * scale).to(k.dtype), D, BLOCK_N, BLOCK_D, TMA)
     store_block(DV, head, k0, offs_d, S, dv.to(k.dtype), D, BLOCK_N, BLOCK_D, TMA)
 

@@ -388,7 +388,8 @@ def _triton(ctx: Context, D: int) -> dict:
         return triton_attention.flash_attention(q, k, v, is_causal=is_causal)
 
     D = ctx.pick(D, D // 4)
-    result = _kernel_rows(ctx, {"Triton flash_attention": triton_fa}, D=D, notebook=dict(forward="15", backward="11,15"))
+    result = _kernel_rows(ctx, {"Triton flash_attention": triton_fa}, D=D,
+                          notebook=dict(forward="15", backward="11,15"))
     timings = triton_attention.dq_method_timings()
     result["dq_methods"] = timings
     probe = torch.empty(1, 1, 1, D, dtype=DTYPE, device=ctx.device)
