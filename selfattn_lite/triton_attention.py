@@ -24,6 +24,7 @@ course machinery (``selfattn_lite.course.triton_bench``).
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import math
 import os
@@ -122,6 +123,80 @@ def best_device() -> torch.device:
     Taught in notebook 15, "From notebook 08's loop to a grid of programs".
     """
     return torch.device("cuda" if torch.cuda.is_available() and not interpreting() else "cpu")
+
+
+_COMPILE_ONLY: tuple[int, int] | None = None      # the capability ``compile_only`` compiles for, inside it
+
+
+class _CompileOnlyDriver:
+    """The part of a Triton driver the JIT and the autotuner ask for: device 0, stream 0, the target GPU, and a
+    benchmarker that runs a configuration once (with launches stopped after their compile) and says 1 ms."""
+
+    def __init__(self, capability: tuple[int, int]):
+        self.capability = capability
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 0
+
+    def get_current_target(self):
+        from triton.backends.compiler import GPUTarget
+
+        return GPUTarget("cuda", 10 * self.capability[0] + self.capability[1], 32)
+
+    def get_benchmarker(self):
+        def bench(kernel_call, quantiles=None, **_):
+            kernel_call()
+            return [1.0, 1.0, 1.0] if quantiles else 1.0
+        return bench
+
+
+@contextlib.contextmanager
+def compile_only(capability: tuple[int, int] = (9, 0)):
+    """Inside this block, calls on CPU tensors compile the kernels for an NVIDIA GPU of compute capability
+    ``capability`` (default (9, 0): H100/H200) through Triton's own JIT and autotuner, and launch nothing.
+
+    Taught in notebook 15, "On a GPU".
+
+    Everything a GPU call does happens (the checks, TMA descriptors, the autotuner with its pre-hooks, the
+    choice of dQ method, the JIT's argument binding and compile), except that every launch stops after its
+    compile (Triton's ``warmup``): outputs and gradients are left unwritten, every timing is 1 ms (so the
+    autotuner keeps its first configuration and the backward its first dQ method). Yields a list that, when the
+    block ends, holds (kernel name, Triton ``CompiledKernel``) for every kernel compiled; the JIT caches and the
+    autotuners are emptied then, so later calls are not served kernels for a GPU that is not there. Needs
+    TRITON_INTERPRET=0 before the package is imported (``course.sm90_compile.jit_dry_run`` runs it so) and
+    Triton's NVIDIA backend (no GPU, no CUDA driver).
+    """
+    global _COMPILE_ONLY
+    if interpreting():
+        raise RuntimeError("compile_only needs the compiler: set TRITON_INTERPRET=0 before importing selfattn_lite")
+    if _COMPILE_ONLY is not None:
+        raise RuntimeError("compile_only blocks do not nest")
+    from triton.runtime import driver
+    from triton.runtime.jit import KernelInterface
+
+    kernels = _kernels()
+    jitted = [getattr(kernels, name) for name in kernels.__all__ if hasattr(getattr(kernels, name), "device_caches")]
+    previous_driver = driver._active                    # None until a driver is first asked for (none on a CPU)
+    launch = KernelInterface.__getitem__
+    compiled: list = []
+    driver.set_active(_CompileOnlyDriver(tuple(capability)))
+    KernelInterface.__getitem__ = lambda self, grid: (lambda *a, **kw: self.run(*a, grid=grid, warmup=True, **kw))
+    _COMPILE_ONLY = tuple(capability)
+    _AUTOTUNED.clear()
+    try:
+        yield compiled
+    finally:
+        _COMPILE_ONLY = None
+        KernelInterface.__getitem__ = launch
+        driver.set_active(previous_driver)
+        _AUTOTUNED.clear()
+        for fn in jitted:
+            for caches in fn.device_caches.values():
+                compiled += [(fn.__name__, kernel) for kernel in caches[0].values()]
+            fn.device_caches.clear()
 
 
 def _require_triton() -> None:
@@ -314,7 +389,7 @@ def _check_device(*tensors: Tensor) -> None:
     if len(devices) > 1:
         raise ValueError(f"q, k, v (and the gradients) must be on one device, got {sorted(map(str, devices))}")
     device = tensors[0].device
-    if device.type != "cuda" and not interpreting():
+    if device.type != "cuda" and not interpreting() and _COMPILE_ONLY is None:
         raise ValueError(f"q is on {device}: Triton kernels run on CUDA tensors, or on CPU tensors under "
                          "the interpreter (set TRITON_INTERPRET=1 before triton is imported)")
 
@@ -342,8 +417,9 @@ def _upcast(dtype: torch.dtype) -> bool:
 
 
 def _compiled(device: torch.device) -> bool:
-    """True where the kernels are compiled for a GPU (and autotuned), False under the interpreter."""
-    return device.type == "cuda" and not interpreting()
+    """True where the kernels are compiled for a GPU (and autotuned), False under the interpreter; inside
+    ``compile_only`` CPU tensors count as on the GPU it compiles for."""
+    return not interpreting() and (device.type == "cuda" or _COMPILE_ONLY is not None)
 
 
 def _config(config: dict | None, block_m, block_n, device: torch.device) -> dict | None:
@@ -372,6 +448,8 @@ def tma_supported(*tensors: Tensor) -> bool:
         return False
     if interpreting():
         return True
+    if _COMPILE_ONLY is not None:
+        return _COMPILE_ONLY[0] >= 9
     return t.device.type == "cuda" and torch.cuda.get_device_capability(t.device)[0] >= 9
 
 
@@ -520,8 +598,11 @@ def dq_method_timings() -> dict[str, dict]:
 
 
 def _cuda_ms(run, repeat: int = 3) -> float:
-    """Milliseconds per call of ``run()`` on the current CUDA stream (after one warm-up call that tunes)."""
+    """Milliseconds per call of ``run()`` on the current CUDA stream (after one warm-up call that tunes);
+    inside ``compile_only`` one call (it compiles) and 1 ms."""
     run()
+    if _COMPILE_ONLY is not None:
+        return 1.0
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(repeat):

@@ -48,11 +48,12 @@ The sections, in order (``SECTIONS``; * = also in ``--quick``):
 How long on an H200 (estimated from counts; no H200 was at hand when this was written). A section
 process starts in about 5 s (Python, torch, the CUDA context). ``--quick``: provenance ~5 s; calibrate
 ~10 s (GEMM and copy, 1 s of samples each, plus warm-up); each Triton section compiles what the
-autotuner tries: 2 masks x (3 forward + 2 dK/dV + 2 dK/dV-with-atomic-dQ + 2 dQ configurations) = 18
-compiles. Compiled for sm_90 on a 2-core CPU with Triton 3.6, the 88 cases of ``sm90_compile`` (the same
-kernels and configurations, bf16 and fp16) took 25 s with 2 workers, about 1.1 CPU-seconds each, so about
-20 s per head size. The first backward at each mask times both dQ methods (2 x 4 backward calls of a few
-ms); then 16 timings of ~0.4 s (forward and backward, Triton and SDPA, two masks) and a float64 reference
+autotuner tries: 2 masks x (3 forward + 2 dK/dV + 2 dK/dV-with-atomic-dQ + 2 dQ configurations) + the D
+kernel = 19 compiles. Measured on a CPU: ``python -m selfattn_lite.course.sm90_compile --jit`` makes the
+report's own ``flash_attention`` calls for both head sizes and compiles their 38 kernels for sm_90 through
+Triton's JIT and autotuner (``triton_attention.compile_only``); with Triton 3.6 and an empty cache it took 29 s
+on one core of a 2-core cloud VM, so about 15 s per head size. The first backward at each mask times both
+dQ methods (2 x 4 backward calls of a few ms); then 16 timings of ~0.4 s (forward and backward, Triton and SDPA, two masks) and a float64 reference
 on one batch element (~1 s): 40-60 s per head size; ``tiled``: 8 timings of eager PyTorch, ~10 s. About
 2-2.5 min in all. The full report adds ``tests`` (<= 150 s; its
 273 tests took 65 s on a busy 2-core CPU) and ``nb01``-``nb11`` (2-3 min, mostly nb08's and nb11's

@@ -24,7 +24,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-__all__ = ["SMEM_LIMIT", "cases", "compile_case", "compile_all", "main"]
+__all__ = ["SMEM_LIMIT", "cases", "compile_case", "compile_all", "jit_dry_run", "main"]
 
 SMEM_LIMIT = 232_448               # bytes of shared memory one block may use on sm_90 (227 KB)
 DTYPES = ("bf16", "fp16")
@@ -119,6 +119,13 @@ def compile_case(case: dict) -> dict:
                               target=GPUTarget("cuda", 90, 32),
                               options=dict(num_warps=config["num_warps"], num_stages=config["num_stages"]))
     seconds = time.perf_counter() - start
+    import triton
+
+    return dict(case, **_resources(compiled), seconds=round(seconds, 1), triton=triton.__version__)
+
+
+def _resources(compiled) -> dict:
+    """What one compiled kernel asks of the GPU, read off its cubin (cuobjdump) and its PTX and TTIR."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(compiled.asm["cubin"])
         f.flush()
@@ -127,12 +134,11 @@ def compile_case(case: dict) -> dict:
     found = dict(re.findall(r"\b(REG|STACK|SHARED|LOCAL):(\d+)", usage))
     ptx = compiled.asm["ptx"]
     ttir = compiled.asm["ttir"]
-    return dict(case, registers=int(found["REG"]), stack=int(found["STACK"]), local=int(found["LOCAL"]),
+    return dict(registers=int(found["REG"]), stack=int(found["STACK"]), local=int(found["LOCAL"]),
                 shared_bytes=int(found["SHARED"]) + int(compiled.metadata.shared),
                 wgmma=ptx.count("wgmma.mma_async"), mma_sync=ptx.count("mma.sync"),
                 tma_loads=ptx.count("cp.async.bulk.tensor"), atomics=len(re.findall(r"\b(?:red|atom)\.global", ptx)),
-                int64_offsets=bool(re.search(r"arith\.extsi .*: i32 to i64", ttir)),
-                seconds=round(seconds, 1), triton=triton.__version__)
+                int64_offsets=bool(re.search(r"arith\.extsi .*: i32 to i64", ttir)))
 
 
 def compile_all(case_list: list[dict] | None = None, *, workers: int | None = None) -> list[dict]:
@@ -144,14 +150,70 @@ def compile_all(case_list: list[dict] | None = None, *, workers: int | None = No
         return list(pool.map(compile_case, case_list))
 
 
+def jit_dry_run(head_dims=HEAD_DIMS, *, B: int = 4, H: int = 16, N: int = 4096, dtype: str = "bf16") -> list[dict]:
+    """The GPU report's Triton calls, made on a CPU, compiled for sm_90 by Triton's own JIT and autotuner.
+
+    ``flash_attention(q, k, v, is_causal=...)`` forward and backward at (B, H, N, d) for each head dim, causal and
+    not, inside ``triton_attention.compile_only((9, 0))``: exactly the code a GPU runs (the checks, tensor
+    descriptors, ``_launch``, ``@triton.autotune`` with its pre-hooks and ``reset_to_zero``, the dQ-method
+    choice, the JIT's argument binding and specialisation), except that every launch stops after its compile.
+    It proves that every kernel and configuration the report will launch compiles from the arguments it will
+    really pass, and reads their resources; it cannot prove the launch itself (the descriptors' encoding by the
+    CUDA driver, the kernels' run) or any speed.
+
+    Returns:
+        one dict per compiled kernel: name, signature, constexprs, num_warps, num_stages, and ``_resources``.
+    """
+    os.environ["TRITON_INTERPRET"] = "0"
+    import torch
+    import triton
+
+    from .. import triton_attention as ta
+
+    torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    with ta.compile_only((9, 0)) as compiled:
+        for D in head_dims:
+            q, k, v = (torch.zeros(B, H, N, D, dtype=torch_dtype, requires_grad=True) for _ in range(3))
+            for is_causal in (False, True):
+                out = ta.flash_attention(q, k, v, is_causal=is_causal)
+                out.backward(torch.zeros_like(out))
+    results = []
+    for name, kernel in compiled:
+        params = list(kernel.src.fn.arg_names)
+        constexprs = {}
+        for key, value in kernel.src.constants.items():
+            index = key[0] if isinstance(key, tuple) else key
+            if isinstance(value, (bool, int, str)):
+                constexprs[params[index] if isinstance(index, int) else str(index)] = value
+        results.append(dict(kernel=name, signature=dict(kernel.src.signature), constexprs=constexprs,
+                            num_warps=kernel.metadata.num_warps, num_stages=kernel.metadata.num_stages,
+                            **_resources(kernel), triton=triton.__version__))
+    return results
+
+
 def main(argv: list[str] | None = None) -> None:
-    """python -m selfattn_lite.course.sm90_compile --out figures/gpu/sm90_resources.json"""
+    """python -m selfattn_lite.course.sm90_compile --out figures/gpu/sm90_resources.json [--jit]"""
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("--out", default="figures/gpu/sm90_resources.json")
     parser.add_argument("--workers", type=int, default=None)
+    parser.add_argument("--jit", action="store_true",
+                        help="instead: the GPU report's flash_attention calls through Triton's JIT (jit_dry_run)")
     args = parser.parse_args(argv)
     os.environ["TRITON_INTERPRET"] = "0"
     start = time.perf_counter()
+    if args.jit:
+        results = jit_dry_run()
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(dict(target="cuda sm_90 (H100/H200), via the JIT", smem_limit=SMEM_LIMIT,
+                                                  results=results), indent=1, default=str) + "\n")
+        for r in results:
+            c = r["constexprs"]
+            print(f"{r['kernel']:<27} {c.get('BLOCK_M')}x{c.get('BLOCK_N', '-')} w{r['num_warps']} s{r['num_stages']} "
+                  f"d={c.get('D')} causal={c.get('IS_CAUSAL')!s:<5} tma={c.get('TMA')!s:<5} atomic={c.get('ATOMIC_DQ')!s:<5} "
+                  f"reg {r['registers']:>3} stack {r['stack']} smem {r['shared_bytes']:>6} wgmma {r['wgmma']:>3} "
+                  f"mma.sync {r['mma_sync']} tma {r['tma_loads']}")
+        print(f"{len(results)} kernels compiled through the JIT in {time.perf_counter() - start:.0f} s")
+        return
     results = compile_all(workers=args.workers)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(dict(target="cuda sm_90 (H100/H200)", smem_limit=SMEM_LIMIT,

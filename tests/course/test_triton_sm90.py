@@ -80,3 +80,39 @@ def test_shared_memory_fits_sm90(compiled):
 def test_head_offsets_are_64_bit(compiled):
     for r in compiled:
         assert r["int64_offsets"], r
+
+
+# ----------------------------------------------------------------------------- the report's own calls, through the JIT
+
+@pytest.fixture(scope="module")
+def jitted(tmp_path_factory):
+    out = tmp_path_factory.mktemp("jit") / "sm90_jit.json"
+    env = dict(os.environ, TRITON_INTERPRET="0", TRITON_DEFAULT_FP_FUSION="1")
+    run = subprocess.run([sys.executable, "-m", "selfattn_lite.course.sm90_compile", "--jit", "--out", str(out)],
+                         env=env, capture_output=True, text=True, timeout=1800)
+    print(run.stdout)
+    assert run.returncode == 0, run.stderr[-4000:]
+    return json.loads(out.read_text())["results"]
+
+
+def test_the_reports_calls_compile_through_the_jit_and_autotuner(jitted):
+    """``flash_attention`` forward + backward at the GPU report's sizes (B=4, H=16, N=4096, d=64 and 128, bf16,
+    causal and not) inside ``triton_attention.compile_only((9, 0))``: the autotuner compiles every configuration
+    of every kernel (both dQ methods) from the arguments the report will pass, with TMA descriptors, and each
+    compiled kernel is one the ahead-of-time table checks: wgmma, no spills, shared memory within sm_90's."""
+    got = {(r["kernel"], r["constexprs"].get("BLOCK_M"), r["constexprs"].get("BLOCK_N"), r["num_warps"],
+            r["constexprs"].get("D"), r["constexprs"].get("IS_CAUSAL"), r["constexprs"].get("ATOMIC_DQ"))
+           for r in jitted if r["kernel"] != "attn_bwd_preprocess_kernel"}
+    want = {(kernel, c["BLOCK_M"], c["BLOCK_N"], c["num_warps"], D, causal, atomic)
+            for kernel, configs, atomic in (("attn_fwd_kernel", ta.FWD_CONFIGS, None),
+                                            ("attn_bwd_dkdv_kernel", ta.DKDV_CONFIGS, False),
+                                            ("attn_bwd_dkdv_kernel", ta.ATOMIC_CONFIGS, True),
+                                            ("attn_bwd_dq_kernel", ta.DQ_CONFIGS, None))
+            for c in configs for D in (64, 128) for causal in (False, True)}
+    assert got == want
+    for r in jitted:
+        assert r["stack"] == 0 and r["local"] == 0 and r["shared_bytes"] <= sm90_compile.SMEM_LIMIT, r
+        if r["kernel"] != "attn_bwd_preprocess_kernel":
+            assert r["constexprs"]["TMA"] is True and r["tma_loads"] > 0, r
+            assert r["wgmma"] > 0 and r["mma_sync"] == 0, r
+            assert any(kind.startswith("tensordesc<bf16[1,") for kind in r["signature"].values()), r["signature"]

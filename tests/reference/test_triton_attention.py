@@ -263,6 +263,18 @@ def test_tma_and_dq_method_reject_what_they_cannot_do():
     assert ta.tma_supported(*(t.half() for t in (q, k, v))) == ta.interpreting() or torch.cuda.is_available()
 
 
+@needs_triton
+def test_compile_only_needs_the_compiler():
+    """Under the interpreter there is nothing to compile; tests/course/test_triton_sm90.py runs compile_only in a
+    process with TRITON_INTERPRET=0, where the GPU report's calls compile for sm_90 through Triton's JIT."""
+    if not ta.interpreting():
+        pytest.skip("only meaningful under the interpreter")
+    with pytest.raises(RuntimeError, match="TRITON_INTERPRET=0"):
+        with ta.compile_only():
+            pass
+    assert ta._COMPILE_ONLY is None and not ta._compiled(torch.device("cpu"))
+
+
 def test_dq_method_is_timed_once_and_the_faster_kept(monkeypatch):
     monkeypatch.setattr(ta, "_DQ_TIMINGS", {})
     ran = []
