@@ -53,9 +53,9 @@ kernel = 19 compiles. Measured on a CPU: ``python -m selfattn_lite.course.sm90_c
 report's own ``flash_attention`` calls for both head sizes and compiles their 38 kernels for sm_90 through
 Triton's JIT and autotuner (``triton_attention.compile_only``); with Triton 3.6 and an empty cache it took 29 s
 on one core of a 2-core cloud VM, so about 15 s per head size. The first backward at each mask times both
-dQ methods (2 x 4 backward calls of a few ms); then 16 timings of ~0.4 s (forward and backward, Triton and SDPA, two masks) and a float64 reference
-on one batch element (~1 s): 40-60 s per head size; ``tiled``: 8 timings of eager PyTorch, ~10 s. About
-2-2.5 min in all. The full report adds ``tests`` (<= 150 s; its
+dQ methods (2 x 4 backward calls of a few ms); then 16 timings of ~0.4 s (forward and backward, Triton and
+SDPA, two masks) and a float64 reference on one batch element (~1 s): 35-50 s per head size; ``tiled``: 8
+timings of eager PyTorch, ~10 s. About 2-2.5 min in all. The full report adds ``tests`` (<= 150 s; its
 273 tests took 65 s on a busy 2-core CPU) and ``nb01``-``nb11`` (2-3 min, mostly nb08's and nb11's
 sweeps): about 6-7 min. Both are also capped: a section is killed at its timeout and gets at most the
 time left of ``QUICK_TOTAL_S`` (235 s) or ``FULL_TOTAL_S`` (470 s); a section with no time left is

@@ -209,7 +209,8 @@ def main(argv: list[str] | None = None) -> None:
         for r in results:
             c = r["constexprs"]
             print(f"{r['kernel']:<27} {c.get('BLOCK_M')}x{c.get('BLOCK_N', '-')} w{r['num_warps']} s{r['num_stages']} "
-                  f"d={c.get('D')} causal={c.get('IS_CAUSAL')!s:<5} tma={c.get('TMA')!s:<5} atomic={c.get('ATOMIC_DQ')!s:<5} "
+                  f"d={c.get('D')} causal={c.get('IS_CAUSAL')!s:<5} tma={c.get('TMA')!s:<5} "
+                  f"atomic={c.get('ATOMIC_DQ')!s:<5} "
                   f"reg {r['registers']:>3} stack {r['stack']} smem {r['shared_bytes']:>6} wgmma {r['wgmma']:>3} "
                   f"mma.sync {r['mma_sync']} tma {r['tma_loads']}")
         print(f"{len(results)} kernels compiled through the JIT in {time.perf_counter() - start:.0f} s")
