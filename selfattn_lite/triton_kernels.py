@@ -136,6 +136,8 @@ def store_block(X, head, row0, offs_d, n_rows, x, D: tl.constexpr, BLOCK_R: tl.c
                 TMA: tl.constexpr):
     """Store the (BLOCK_R, BLOCK_D) block x into rows row0 ... of head ``head`` of X (N, n_rows, D).
 
+    Taught in notebook 15, "The forward kernel".
+
     Rows past n_rows and columns past D are not written (TMA clips them; the pointer store masks them).
     """
     if TMA:
