@@ -3,7 +3,7 @@
 Taught in notebook 15. ``flash_attention(q, k, v, *, is_causal=False, scale=None, return_lse=False)``
 computes softmax(Q K^T * scale + M) V on (B, H, L, D) tensors, like ``efficient.flash_attention`` and
 torch's ``scaled_dot_product_attention``, with a FlashAttention-2 forward kernel and a backward pass
-(D = rowsum(dO * O), then dK/dV and dQ recomputed from the saved log-sum-exp) wrapped in a
+(D = rowsum(dO * O), then dK/dV and dQ from the saved log-sum-exp) wrapped in a
 ``torch.autograd.Function``. The kernels themselves live in ``selfattn_lite.triton_kernels``.
 
 **Interpreter or GPU: decided once, by the package.** Without CUDA, ``selfattn_lite/__init__`` sets
@@ -15,10 +15,14 @@ exact, and slow (it checks correctness; it says nothing about speed). Where Trit
 helpers below (loop bounds, grid, traffic formulas) work everywhere.
 
 **On CUDA** each kernel is wrapped in ``@triton.autotune`` with its own launch configurations
-(``FWD_CONFIGS``, ``DKDV_CONFIGS``, ``DQ_CONFIGS``), keyed on (B*H, L, S, D, is_causal) and the
-dtype; a forward-only call tunes only the forward. float32 inputs use TF32 tensor-core products
+(``FWD_CONFIGS``, ``DKDV_CONFIGS``, ``ATOMIC_CONFIGS``, ``DQ_CONFIGS``), keyed on (B*H, L, S, D,
+is_causal) and the dtype; a forward-only call tunes only the forward. In bfloat16/float16 on a Hopper
+GPU (capability 9+) the tiles come through tensor descriptors (TMA, ``tma_by_default``); the backward's
+dQ comes from a second kernel or from atomic additions, whichever its first call at a size times faster
+(``dq_method_timings``). float32 inputs use TF32 tensor-core products
 (``input_precision="tf32"``, 10-bit mantissa, as torch does with ``allow_tf32``): an exact float32
-dot would run without tensor cores and compile for minutes. Timing and the benchmark live in the
+dot would run without tensor cores and compile for minutes. ``compile_only`` makes the same calls on
+CPU tensors compile for a GPU that is not there and launch nothing. Timing and the benchmark live in the
 course machinery (``selfattn_lite.course.triton_bench``).
 """
 
