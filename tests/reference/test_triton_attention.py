@@ -144,17 +144,25 @@ def test_forward_equals_sdpa_and_lse(B, H, L, S, D, block_m, block_n, causal, se
 
 @needs_triton
 @FEW
-@given(L=st.integers(1, 50), S=st.integers(1, 50), D=st.sampled_from([16, 32, 40]),
+@pytest.mark.parametrize("dq_method", ["recompute", "atomic"])
+@given(L=st.integers(1, 50), S=st.integers(1, 50), D=st.sampled_from([16, 24, 32, 40]),
        block_m=st.sampled_from([16, 32]), block_n=st.sampled_from([16, 32]), causal=st.booleans(),
        seed=st.integers(0, 2**16))
-def test_gradients_equal_autograd_through_sdpa(L, S, D, block_m, block_n, causal, seed):
+def test_gradients_equal_autograd_through_sdpa(dq_method, L, S, D, block_m, block_n, causal, seed):
+    """Through the autograd Function (dQ recomputed by its own kernel, the default under the interpreter), and
+    through forward + backward with FlashAttention-2's atomic dQ (every key block adds its dS K into float32)."""
     q, k, v = qkv(1, 2, L, S, D, seed=seed)
     do = randn(1, 2, L, D, seed=seed + 1)
 
     def triton_fn(q, k, v):
         return ta.FlashAttentionFunction.apply(q, k, v, causal, 1 / math.sqrt(D), (block_m, block_n))[0]
 
-    got = grads(triton_fn, q, k, v, do)
+    if dq_method == "recompute":
+        got = grads(triton_fn, q, k, v, do)
+    else:
+        out, lse = ta.forward(q, k, v, is_causal=causal, block_m=block_m, block_n=block_n)
+        got = (out, *ta.backward(q, k, v, out, lse, do, is_causal=causal, block_m=block_m, block_n=block_n,
+                                 dq_method="atomic"))
     want = grads(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal), q, k, v, do)
     for name, g, w in zip(("out", "dq", "dk", "dv"), got, want):
         torch.testing.assert_close(g, w, **FP32, msg=lambda m, name=name: f"{name}: {m}")
@@ -182,13 +190,11 @@ def test_head_dims_16_to_128_and_a_non_contiguous_input():
     torch.testing.assert_close(ta.flash_attention(q_t, k, v), F.scaled_dot_product_attention(q, k, v), **FP32)
 
 
-@needs_triton
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("causal", [False, True])
-def test_half_precision_error_is_within_twice_sdpas(dtype, causal):
-    """Output and gradients in bf16/fp16: error vs a float64 reference within 2x torch SDPA's own + eps."""
-    q, k, v = qkv(1, 2, 45, 37, 32, dtype=torch.float64, seed=11)
-    do = randn(1, 2, 45, 32, seed=12, dtype=torch.float64)
+def assert_half_within_twice_sdpa(run, dtype, causal, *, L, S, D, seed, what=""):
+    """``run(q, k, v, do) -> (out, dq, dk, dv)`` in bf16/fp16: each error against a float64 reference from the
+    same rounded inputs within 2x torch SDPA's own error + eps."""
+    q, k, v = qkv(1, 2, L, S, D, dtype=torch.float64, seed=seed)
+    do = randn(1, 2, L, D, seed=seed + 1, dtype=torch.float64)
 
     def sdpa(q, k, v):
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
@@ -196,12 +202,22 @@ def test_half_precision_error_is_within_twice_sdpas(dtype, causal):
     exact = grads(sdpa, q, k, v, do)
     low = [t.to(dtype) for t in (q, k, v, do)]
     torch_err = [(a.double() - e).abs().max().item() for a, e in zip(grads(sdpa, *low), exact)]
-    ours = grads(lambda q, k, v: ta.flash_attention(q, k, v, is_causal=causal), *low)
-    assert all(t.dtype == dtype for t in ours)
     eps = torch.finfo(dtype).eps
-    for name, a, e, t_err in zip(("out", "dq", "dk", "dv"), ours, exact, torch_err):
+    for name, a, e, t_err in zip(("out", "dq", "dk", "dv"), run(*low), exact, torch_err):
+        assert a.dtype == dtype
         err = (a.double() - e).abs().max().item()
-        assert err <= 2 * t_err + eps, f"{dtype} {name}: error {err:.2e} vs torch SDPA's {t_err:.2e}"
+        assert err <= 2 * t_err + eps, f"{dtype} {what} {name}: error {err:.2e} vs torch SDPA's {t_err:.2e}"
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("causal", [False, True])
+def test_half_precision_error_is_within_twice_sdpas(dtype, causal):
+    """Output and gradients in bf16/fp16: error vs a float64 reference within 2x torch SDPA's own + eps."""
+    def run(q, k, v, do):
+        return grads(lambda q, k, v: ta.flash_attention(q, k, v, is_causal=causal), q, k, v, do)
+
+    assert_half_within_twice_sdpa(run, dtype, causal, L=45, S=37, D=32, seed=11)
 
 
 @needs_triton
@@ -213,39 +229,12 @@ def test_tma_and_atomic_dq_paths_are_as_exact_as_sdpa(tma, dq_method, dtype, cau
     interpreter: rows past L and S and columns past D arrive as zeros) and dQ added with atomics (5 matmuls a
     tile pair) give the pointer path's accuracy: within 2x torch SDPA's own error against float64 + eps.
     L = 45, S = 37 and D = 24 are not multiples of the blocks (16), so every edge of every descriptor is hit."""
-    q, k, v = qkv(1, 2, 45, 37, 24, dtype=torch.float64, seed=21)
-    do = randn(1, 2, 45, 24, seed=22, dtype=torch.float64)
+    def run(q, k, v, do):
+        out, lse = ta.forward(q, k, v, is_causal=causal, block_m=16, block_n=16, tma=tma)
+        return (out, *ta.backward(q, k, v, out, lse, do, is_causal=causal, block_m=16, block_n=16,
+                                  dq_method=dq_method, tma=tma))
 
-    def sdpa(q, k, v):
-        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-
-    exact = grads(sdpa, q, k, v, do)
-    low = [t.to(dtype) for t in (q, k, v, do)]
-    torch_err = [(a.double() - e).abs().max().item() for a, e in zip(grads(sdpa, *low), exact)]
-    out, lse = ta.forward(*low[:3], is_causal=causal, block_m=16, block_n=16, tma=tma)
-    dq, dk, dv = ta.backward(*low[:3], out, lse, low[3], is_causal=causal, block_m=16, block_n=16,
-                             dq_method=dq_method, tma=tma)
-    eps = torch.finfo(dtype).eps
-    for name, a, e, t_err in zip(("out", "dq", "dk", "dv"), (out, dq, dk, dv), exact, torch_err):
-        assert a.dtype == dtype
-        err = (a.double() - e).abs().max().item()
-        assert err <= 2 * t_err + eps, f"{dtype} tma={tma} {dq_method} {name}: error {err:.2e} vs SDPA's {t_err:.2e}"
-
-
-@needs_triton
-@FEW
-@given(L=st.integers(1, 50), S=st.integers(1, 50), D=st.sampled_from([16, 24, 40]),
-       block_m=st.sampled_from([16, 32]), block_n=st.sampled_from([16, 32]), causal=st.booleans(),
-       seed=st.integers(0, 2**16))
-def test_atomic_dq_equals_autograd(L, S, D, block_m, block_n, causal, seed):
-    """FlashAttention-2's dQ: every key block adds its dS K into a float32 buffer; float32 inputs, any sizes."""
-    q, k, v = qkv(1, 2, L, S, D, seed=seed)
-    do = randn(1, 2, L, D, seed=seed + 1)
-    out, lse = ta.forward(q, k, v, is_causal=causal, block_m=block_m, block_n=block_n)
-    got = ta.backward(q, k, v, out, lse, do, is_causal=causal, block_m=block_m, block_n=block_n, dq_method="atomic")
-    want = grads(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal), q, k, v, do)[1:]
-    for name, g, w in zip(("dq", "dk", "dv"), got, want):
-        torch.testing.assert_close(g, w, **FP32, msg=lambda m, name=name: f"{name}: {m}")
+    assert_half_within_twice_sdpa(run, dtype, causal, L=45, S=37, D=24, seed=21, what=f"tma={tma} {dq_method}")
 
 
 @needs_triton
