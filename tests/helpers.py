@@ -58,6 +58,36 @@ def expect_error(check, fn, fragment: str) -> None:
     assert fragment in str(info.value), str(info.value)
 
 
+def expect_correct(check, answer, capsys, *args) -> str:
+    """``check(answer, *args)`` accepts the answer: it prints one line, "Correct: ...", returned for more asserts."""
+    check(answer, *args)
+    out = capsys.readouterr().out
+    assert out.startswith("Correct: ") and out.count("\n") == 1, out
+    return out
+
+
+def expect_not_attempted(check, stub, capsys, *args) -> None:
+    """``check(stub, *args)`` reports a stub (it raises NotImplementedError) in one line, "Not attempted yet: ..."."""
+    check(stub, *args)
+    out = capsys.readouterr().out
+    assert out.startswith("Not attempted yet: ") and out.count("\n") == 1, out
+
+
+def right_and_not_attempted_test(right: dict, stub):
+    """A test parametrized over ``right`` (test id -> (checker, a right answer)).
+
+    Each case: the checker accepts the answer (``expect_correct``) and calls ``stub`` not attempted
+    (``expect_not_attempted``). Bind it to a ``test_`` name at the end of the test module, after the last entry
+    of ``right``, for pytest to collect it.
+    """
+    @pytest.mark.parametrize("checker, answer", list(right.values()), ids=list(right))
+    def test(checker, answer, capsys):
+        expect_correct(checker, answer, capsys)
+        expect_not_attempted(checker, stub, capsys)
+
+    return test
+
+
 # ----------------------------------------------------------------------------- the browser
 BROWSER_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 MACOS_APPS = ("/Applications/Google Chrome.app/Contents/MacOS/Google Chrome",

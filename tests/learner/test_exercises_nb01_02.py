@@ -4,6 +4,7 @@ import math
 
 import pytest
 import torch
+from helpers import expect_correct, expect_not_attempted, right_and_not_attempted_test
 
 from selfattn_lite.exercises import ExerciseError, nb01, nb02
 
@@ -25,11 +26,8 @@ def stub(*args):
     raise NotImplementedError
 
 
-def test_softmax_checker(capsys):
-    nb01.check_softmax(good_softmax)
-    assert capsys.readouterr().out.startswith("Correct")
-    nb01.check_softmax(stub)
-    assert "Not attempted" in capsys.readouterr().out
+RIGHT = {}          # test id -> (checker, a right answer); each exercise below adds its own
+RIGHT["softmax"] = nb01.check_softmax, good_softmax
 
 
 @pytest.mark.parametrize("wrong, match", [
@@ -71,6 +69,9 @@ def only_weights_right(q, k, v, mask=None):
     return out * 2, w
 
 
+RIGHT["attention"] = nb01.check_attention, good_attention
+
+
 @pytest.mark.parametrize("wrong, match", [
     (unscaled, "sqrt\\(dk\\)"), (by_dk, "by dk"), (wrong_dim, "dim=-1"), (flipped_mask, "polarity"),
     (ignored_mask, "ignored"), (only_weights_right, "output is not weights @ V"),
@@ -81,20 +82,11 @@ def test_attention_checker_diagnoses(wrong, match):
         nb01.check_attention(wrong)
 
 
-def test_attention_checker_accepts_right_answer(capsys):
-    nb01.check_attention(good_attention)
-    assert capsys.readouterr().out.startswith("Correct")
-    nb01.check_attention(stub)
-    assert "Not attempted" in capsys.readouterr().out
-
-
 def test_second_query_checker(capsys):
     s = nb02.KEYS @ torch.tensor([0.0, 1.0]) / math.sqrt(2)
     w = torch.softmax(s, -1)
-    nb02.check_second_query(w, w @ nb02.VALUES)
-    assert "Correct" in capsys.readouterr().out
-    nb02.check_second_query(None, None)
-    assert "Not attempted" in capsys.readouterr().out
+    expect_correct(nb02.check_second_query, w, capsys, w @ nb02.VALUES)
+    expect_not_attempted(nb02.check_second_query, None, capsys, None)
     with pytest.raises(ExerciseError, match="apply softmax"):
         nb02.check_second_query(s, s @ nb02.VALUES)
     with pytest.raises(ExerciseError, match="sqrt\\(2\\)"):
@@ -106,13 +98,23 @@ def test_second_query_checker(capsys):
         nb02.check_second_query(w[:2], w @ nb02.VALUES)
 
 
-def test_weights_at_scale_checker(capsys):
-    q = torch.tensor([1.0, 0.0])
-    nb02.check_weights_at_scale(lambda c: torch.softmax(nb02.KEYS @ (c * q) / math.sqrt(2), -1))
-    assert "Correct" in capsys.readouterr().out
-    nb02.check_weights_at_scale(stub)
-    assert "Not attempted" in capsys.readouterr().out
-    with pytest.raises(ExerciseError, match="scale the query only"):
-        nb02.check_weights_at_scale(lambda c: torch.softmax((c * nb02.KEYS) @ (c * q) / math.sqrt(2), -1))
-    with pytest.raises(ExerciseError, match="1/sqrt"):
-        nb02.check_weights_at_scale(lambda c: torch.softmax(nb02.KEYS @ (c * q), -1))
+Q = torch.tensor([1.0, 0.0])
+
+
+def good_weights_at_scale(c):
+    return torch.softmax(nb02.KEYS @ (c * Q) / math.sqrt(2), -1)
+
+
+RIGHT["weights_at_scale"] = nb02.check_weights_at_scale, good_weights_at_scale
+
+
+@pytest.mark.parametrize("wrong, match", [
+    (lambda c: torch.softmax((c * nb02.KEYS) @ (c * Q) / math.sqrt(2), -1), "scale the query only"),
+    (lambda c: torch.softmax(nb02.KEYS @ (c * Q), -1), "1/sqrt"),
+])
+def test_weights_at_scale_checker_diagnoses(wrong, match):
+    with pytest.raises(ExerciseError, match=match):
+        nb02.check_weights_at_scale(wrong)
+
+
+test_right_and_not_attempted = right_and_not_attempted_test(RIGHT, stub)

@@ -6,8 +6,17 @@ import math
 
 import pytest
 import torch
+from helpers import right_and_not_attempted_test
 
 from selfattn_lite.exercises import ExerciseError, nb03, nb04
+
+
+def stub(*args):
+    raise NotImplementedError
+
+
+RIGHT = {}          # test id -> (checker, a right answer); each exercise below adds its own
+
 
 # ---------------------------------------------------------------- notebook 03
 
@@ -22,6 +31,9 @@ def _real(lengths, T):
     return torch.arange(T)[None, :] < torch.as_tensor(lengths)[:, None]
 
 
+RIGHT["causal_padding_mask"] = nb03.check_causal_padding_mask, causal_padding_right
+
+
 CAUSAL_PADDING_WRONG = {
     "polarity is flipped": lambda lengths, T: ~causal_padding_right(lengths, T),
     "padded \\*queries\\*": lambda lengths, T: torch.ones(T, T, dtype=torch.bool).tril()[None] & _real(lengths, T)[:, :, None],
@@ -33,11 +45,6 @@ CAUSAL_PADDING_WRONG = {
     "bool tensor": lambda lengths, T: causal_padding_right(lengths, T).float(),
     r"shape \(3, 5, 5\)": lambda lengths, T: causal_padding_right(lengths, T)[0],
 }
-
-
-def test_causal_padding_mask_right_answer(capsys):
-    nb03.check_causal_padding_mask(causal_padding_right)
-    assert capsys.readouterr().out.startswith("Correct:")
 
 
 @pytest.mark.parametrize("diagnosis", list(CAUSAL_PADDING_WRONG))
@@ -60,6 +67,9 @@ def decode_right(n_new, n_cached):
     return torch.ones(n_new, n_cached + n_new, dtype=torch.bool).tril(diagonal=n_cached)
 
 
+RIGHT["decode_mask"] = nb03.check_decode_mask, decode_right
+
+
 DECODE_WRONG = {
     "top-left alignment": lambda n, c: torch.ones(n, n + c, dtype=torch.bool).tril(),
     "polarity is flipped": lambda n, c: ~decode_right(n, c),
@@ -68,11 +78,6 @@ DECODE_WRONG = {
     r"shape \(3, 7\)": lambda n, c: decode_right(n, c)[:, :-1],
     "one new token": lambda n, c: decode_right(n, c) if (n, c) == (3, 4) else torch.zeros(n, n + c, dtype=torch.bool),
 }
-
-
-def test_decode_mask_right_answer(capsys):
-    nb03.check_decode_mask(decode_right)
-    assert capsys.readouterr().out.startswith("Correct:")
 
 
 @pytest.mark.parametrize("diagnosis", list(DECODE_WRONG))
@@ -85,6 +90,9 @@ def cross_right(y, x, W_q, W_k, W_v):
     q, k, v = y @ W_q, x @ W_k, x @ W_v
     w = torch.softmax(q @ k.T / math.sqrt(q.shape[-1]), dim=-1)
     return w @ v, w
+
+
+RIGHT["cross_attention"] = nb03.check_cross_attention, cross_right
 
 
 def cross_swapped(y, x, W_q, W_k, W_v):
@@ -125,11 +133,6 @@ def test_cross_attention_wrong_answers(fn, diagnosis):
         nb03.check_cross_attention(fn)
 
 
-def test_cross_attention_right_answer(capsys):
-    nb03.check_cross_attention(cross_right)
-    assert capsys.readouterr().out.startswith("Correct:")
-
-
 # ---------------------------------------------------------------- notebook 04
 
 
@@ -143,6 +146,9 @@ def merge_right(x):
     return x.transpose(1, 2).reshape(B, T, h * dk)
 
 
+RIGHT["split_heads"] = nb04.check_split_heads, split_right
+
+
 @pytest.mark.parametrize("fn, diagnosis", [
     (lambda x, h: x.view(*x.shape[:2], h, -1), "transpose"),
     (lambda x, h: x.reshape(x.shape[0], h, x.shape[1], -1), "cuts the sequence"),
@@ -153,6 +159,9 @@ def merge_right(x):
 def test_split_heads_wrong_answers(fn, diagnosis):
     with pytest.raises(ExerciseError, match=diagnosis):
         nb04.check_split_heads(fn)
+
+
+RIGHT["merge_heads"] = nb04.check_merge_heads, merge_right
 
 
 @pytest.mark.parametrize("fn, diagnosis", [
@@ -175,6 +184,9 @@ def mha_right(x, W_q, W_k, W_v, W_o, h, *, scale=None, use_w_o=True, one_head=Fa
     return y @ W_o if use_w_o else y
 
 
+RIGHT["multi_head_attention"] = nb04.check_multi_head_attention, mha_right
+
+
 @pytest.mark.parametrize("kwargs, diagnosis", [
     (dict(use_w_o=False), "W_o is missing"),
     (dict(scale=1 / math.sqrt(12)), r"1/sqrt\(d\)"),
@@ -187,24 +199,4 @@ def test_multi_head_attention_wrong_answers(kwargs, diagnosis):
         nb04.check_multi_head_attention(lambda *args: mha_right(*args, **kwargs))
 
 
-def test_nb04_right_answers(capsys):
-    nb04.check_split_heads(split_right)
-    nb04.check_merge_heads(merge_right)
-    nb04.check_multi_head_attention(mha_right)
-    out = capsys.readouterr().out.splitlines()
-    assert len(out) == 3 and all(line.startswith("Correct:") for line in out)
-
-
-# ---------------------------------------------------------------- not attempted
-
-
-def stub(*args):
-    raise NotImplementedError
-
-
-@pytest.mark.parametrize("checker", [nb03.check_causal_padding_mask, nb03.check_decode_mask,
-                                     nb03.check_cross_attention, nb04.check_split_heads,
-                                     nb04.check_merge_heads, nb04.check_multi_head_attention])
-def test_stub_is_not_attempted(checker, capsys):
-    checker(stub)                                                     # no exception
-    assert capsys.readouterr().out.startswith("Not attempted yet")
+test_right_and_not_attempted = right_and_not_attempted_test(RIGHT, stub)

@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from helpers import right_and_not_attempted_test
 
 from selfattn_lite.exercises import ExerciseError
 from selfattn_lite.exercises import nb05 as check
@@ -13,6 +14,9 @@ from selfattn_lite.exercises import nb05 as check
 
 def stub(*args, **kwargs):
     raise NotImplementedError
+
+
+RIGHT = {}          # test id -> (checker, a right answer); each exercise below adds its own
 
 
 # --------------------------------------------------------------------------------------
@@ -29,14 +33,7 @@ def sinusoidal(n, d, *, exponent=2.0, swap=False, concat=False, multiply=False, 
     return pe.T if transpose else pe
 
 
-def test_sinusoidal_right(capsys):
-    check.check_sinusoidal(sinusoidal)
-    assert capsys.readouterr().out.startswith("Correct:")
-
-
-def test_sinusoidal_not_attempted(capsys):
-    check.check_sinusoidal(stub)
-    assert "Not attempted" in capsys.readouterr().out
+RIGHT["sinusoidal"] = check.check_sinusoidal, sinusoidal
 
 
 @pytest.mark.parametrize("wrong, match", [
@@ -79,14 +76,7 @@ def rope(x, positions, *, interleaved=False, sign=1.0, exponent=2.0, ignore_posi
     return torch.cat([a * cos - b * sin, a * sin + b * cos], -1)
 
 
-def test_rope_right(capsys):
-    check.check_rope(rope)
-    assert capsys.readouterr().out.startswith("Correct:")
-
-
-def test_rope_not_attempted(capsys):
-    check.check_rope(stub)
-    assert "Not attempted" in capsys.readouterr().out
+RIGHT["rope"] = check.check_rope, rope
 
 
 @pytest.mark.parametrize("wrong, match", [
@@ -119,16 +109,8 @@ def slopes(n, *, naive=False, first_of_2c=False):
     return power_of_two(c) + extra
 
 
-def test_alibi_right(capsys):
-    check.check_alibi_slopes(slopes)
-    check.check_alibi_slopes(lambda n: torch.tensor(slopes(n)))
-    out = capsys.readouterr().out
-    assert out.count("Correct:") == 2
-
-
-def test_alibi_not_attempted(capsys):
-    check.check_alibi_slopes(stub)
-    assert "Not attempted" in capsys.readouterr().out
+RIGHT["alibi_slopes"] = check.check_alibi_slopes, slopes
+RIGHT["alibi_slopes_tensor"] = check.check_alibi_slopes, lambda n: torch.tensor(slopes(n))
 
 
 @pytest.mark.parametrize("wrong, match", [
@@ -161,17 +143,13 @@ def to_interleaved(weight, n_heads):
     return weight.view(n_heads, head_dim, -1)[:, perm].reshape(weight.shape)
 
 
-def test_to_half_split_right(capsys):
-    check.check_to_half_split(to_half)
-    # the conversion script's formula is right too
-    check.check_to_half_split(lambda w, h: w.view(h, w.shape[0] // h // 2, 2, w.shape[1]).transpose(1, 2)
-                              .reshape(w.shape))
-    assert capsys.readouterr().out.count("Correct:") == 2
+def script_to_half(w, h):
+    """The conversion script's formula: right too."""
+    return w.view(h, w.shape[0] // h // 2, 2, w.shape[1]).transpose(1, 2).reshape(w.shape)
 
 
-def test_to_half_split_not_attempted(capsys):
-    check.check_to_half_split(stub)
-    assert "Not attempted" in capsys.readouterr().out
+RIGHT["to_half_split"] = check.check_to_half_split, to_half
+RIGHT["to_half_split_script"] = check.check_to_half_split, script_to_half
 
 
 @pytest.mark.parametrize("wrong, match", [
@@ -185,3 +163,6 @@ def test_to_half_split_not_attempted(capsys):
 def test_to_half_split_wrong(wrong, match):
     with pytest.raises(ExerciseError, match=match):
         check.check_to_half_split(wrong)
+
+
+test_right_and_not_attempted = right_and_not_attempted_test(RIGHT, stub)

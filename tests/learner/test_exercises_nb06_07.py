@@ -4,6 +4,7 @@ import math
 
 import pytest
 import torch
+from helpers import expect_correct, expect_not_attempted, right_and_not_attempted_test
 
 from selfattn_lite.exercises import ExerciseError, nb06, nb07
 from selfattn_lite.models import DecoderConfig, TinyDecoder
@@ -13,15 +14,7 @@ def stub(*args):
     raise NotImplementedError
 
 
-def _ok(capsys, checker, *args):
-    checker(*args)
-    out = capsys.readouterr().out
-    assert out.startswith("Correct"), out
-
-
-def _not_attempted(capsys, checker, *args):
-    checker(*args)
-    assert "Not attempted" in capsys.readouterr().out
+RIGHT = {}          # test id -> (checker, a right answer); each exercise below adds its own
 
 
 # ---------------------------------------------------------------- nb06: cache size
@@ -29,9 +22,7 @@ def good_bytes(layers, heads, dim, tokens, batch, nbytes):
     return 2 * layers * heads * dim * tokens * batch * nbytes
 
 
-def test_kv_bytes_checker_accepts_and_skips(capsys):
-    _ok(capsys, nb06.check_kv_cache_bytes, good_bytes)
-    _not_attempted(capsys, nb06.check_kv_cache_bytes, stub)
+RIGHT["kv_cache_bytes"] = nb06.check_kv_cache_bytes, good_bytes
 
 
 @pytest.mark.parametrize("wrong, match", [
@@ -62,11 +53,6 @@ def good_step(q, k_new, v_new, k_cache, v_cache):
     return _attend(q, k_all, v_all), k_all, v_all
 
 
-def test_cached_attention_checker_accepts_and_skips(capsys):
-    _ok(capsys, nb06.check_cached_attention, good_step)
-    _not_attempted(capsys, nb06.check_cached_attention, stub)
-
-
 def _past_only(q, kn, vn, kc, vc):
     return _attend(q, kc, vc), torch.cat([kc, kn], -2), torch.cat([vc, vn], -2)
 
@@ -93,6 +79,9 @@ def _softmax_wrong_dim(q, kn, vn, kc, vc):
     k, v = torch.cat([kc, kn], -2), torch.cat([vc, vn], -2)
     w = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-2)
     return w @ v, k, v
+
+
+RIGHT["cached_attention"] = nb06.check_cached_attention, good_step
 
 
 @pytest.mark.parametrize("wrong, match", [
@@ -156,8 +145,8 @@ def first_position(model, ids, n):
 
 
 def test_generate_checker_accepts_and_skips(capsys, model):
-    _ok(capsys, nb06.check_generate, good_generate, model)
-    _not_attempted(capsys, nb06.check_generate, stub, model)
+    expect_correct(nb06.check_generate, good_generate, capsys, model)
+    expect_not_attempted(nb06.check_generate, stub, capsys, model)
     assert not model._forward_pre_hooks  # the counting hook is removed
 
 
@@ -174,9 +163,11 @@ def test_generate_checker_diagnoses(wrong, match, model):
 
 
 # ---------------------------------------------------------------- nb07
-def test_expand_kv_checker(capsys):
-    _ok(capsys, nb07.check_expand_kv, lambda k, h: k.repeat_interleave(h // k.shape[1], dim=1))
-    _not_attempted(capsys, nb07.check_expand_kv, stub)
+def good_expand(k, h):
+    return k.repeat_interleave(h // k.shape[1], dim=1)
+
+
+RIGHT["expand_kv"] = nb07.check_expand_kv, good_expand
 
 
 @pytest.mark.parametrize("wrong, match", [
@@ -193,9 +184,7 @@ def good_pool(w, h, kv):
     return w.view(kv, h // kv, -1, w.shape[-1]).mean(1).reshape(-1, w.shape[-1])
 
 
-def test_mean_pool_checker(capsys):
-    _ok(capsys, nb07.check_mean_pool, good_pool)
-    _not_attempted(capsys, nb07.check_mean_pool, stub)
+RIGHT["mean_pool"] = nb07.check_mean_pool, good_pool
 
 
 @pytest.mark.parametrize("wrong, match", [
@@ -208,3 +197,6 @@ def test_mean_pool_checker(capsys):
 def test_mean_pool_checker_diagnoses(wrong, match):
     with pytest.raises(ExerciseError, match=match):
         nb07.check_mean_pool(wrong)
+
+
+test_right_and_not_attempted = right_and_not_attempted_test(RIGHT, stub)

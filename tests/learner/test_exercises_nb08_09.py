@@ -5,13 +5,16 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import expect_error
+from helpers import expect_error, right_and_not_attempted_test
 
 from selfattn_lite.exercises import nb08, nb09
 
 
 def stub(*args, **kwargs):
     raise NotImplementedError
+
+
+RIGHT = {}          # test id -> (checker, a right answer); each exercise below adds its own
 
 
 # ----------------------------------------------------------------------------- nb08: merge_stats
@@ -21,11 +24,7 @@ def merge_right(m1, l1, m2, l2):
     return m, l1 * torch.exp(m1 - m) + l2 * torch.exp(m2 - m)
 
 
-def test_merge_stats_right_and_not_attempted(capsys):
-    nb08.check_merge_stats(merge_right)
-    assert capsys.readouterr().out.startswith("Correct")
-    nb08.check_merge_stats(stub)
-    assert capsys.readouterr().out.startswith("Not attempted")
+RIGHT["merge_stats"] = nb08.check_merge_stats, merge_right
 
 
 @pytest.mark.parametrize("wrong,fragment", [
@@ -55,11 +54,7 @@ def tiles_right(n, block, causal):
     return t * (t + 1) // 2 if causal else t * t
 
 
-def test_tile_count_right_and_not_attempted(capsys):
-    nb08.check_tile_count(tiles_right)
-    assert capsys.readouterr().out.startswith("Correct")
-    nb08.check_tile_count(stub)
-    assert capsys.readouterr().out.startswith("Not attempted")
+RIGHT["tile_count"] = nb08.check_tile_count, tiles_right
 
 
 @pytest.mark.parametrize("wrong,fragment", [
@@ -80,11 +75,7 @@ def window_right(n, w):
     return (j <= i) & (i - j < w)
 
 
-def test_window_mask_right_and_not_attempted(capsys):
-    nb08.check_window_mask(window_right)
-    assert capsys.readouterr().out.startswith("Correct")
-    nb08.check_window_mask(stub)
-    assert capsys.readouterr().out.startswith("Not attempted")
+RIGHT["window_mask"] = nb08.check_window_mask, window_right
 
 
 @pytest.mark.parametrize("wrong,fragment", [
@@ -112,11 +103,7 @@ def linear_right(q, k, v):
     return (phi(q) @ kv) / (phi(q) @ phi(k).sum(-2).unsqueeze(-1))
 
 
-def test_linear_attention_right_and_not_attempted(capsys):
-    nb08.check_linear_attention(linear_right)
-    assert capsys.readouterr().out.startswith("Correct")
-    nb08.check_linear_attention(stub)
-    assert capsys.readouterr().out.startswith("Not attempted")
+RIGHT["linear_attention"] = nb08.check_linear_attention, linear_right
 
 
 @pytest.mark.parametrize("wrong,fragment", [
@@ -171,11 +158,7 @@ def decode_step_causal(q_new, k_new, v_new, k_cache, v_cache, rope):
     return F.scaled_dot_product_attention(q_new, k_all, v_all, is_causal=True), k_all, v_all
 
 
-def test_decode_step_right_and_not_attempted(capsys):
-    nb09.check_decode_step(decode_step_fixed)
-    assert capsys.readouterr().out.startswith("Correct")
-    nb09.check_decode_step(stub)
-    assert capsys.readouterr().out.startswith("Not attempted")
+RIGHT["decode_step"] = nb09.check_decode_step, decode_step_fixed
 
 
 @pytest.mark.parametrize("wrong,fragment", [
@@ -207,13 +190,10 @@ def gqa_half_fixed(q, k, v):
     return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
-@pytest.mark.parametrize("right", [
-    gqa_fixed, lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)])
-def test_gqa_attention_right_and_not_attempted(right, capsys):
-    nb09.check_gqa_attention(right)
-    assert capsys.readouterr().out.startswith("Correct")
-    nb09.check_gqa_attention(stub)
-    assert capsys.readouterr().out.startswith("Not attempted")
+RIGHT["gqa_attention"] = nb09.check_gqa_attention, gqa_fixed
+RIGHT["gqa_attention_enable_gqa"] = (
+    nb09.check_gqa_attention,
+    lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True))
 
 
 @pytest.mark.parametrize("wrong,fragment", [
@@ -237,11 +217,7 @@ def padded_buggy(mha, x, lengths):
     return mha(x, x, x, key_padding_mask=keep)[0]
 
 
-def test_padded_self_attention_right_and_not_attempted(capsys):
-    nb09.check_padded_self_attention(padded_fixed)
-    assert capsys.readouterr().out.startswith("Correct")
-    nb09.check_padded_self_attention(stub)
-    assert capsys.readouterr().out.startswith("Not attempted")
+RIGHT["padded_self_attention"] = nb09.check_padded_self_attention, padded_fixed
 
 
 @pytest.mark.parametrize("wrong,fragment", [
@@ -261,11 +237,7 @@ def step_buggy(q, k, v, dropout_p, training):
     return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
 
 
-def test_attention_step_right_and_not_attempted(capsys):
-    nb09.check_attention_step(step_fixed)
-    assert capsys.readouterr().out.startswith("Correct")
-    nb09.check_attention_step(stub)
-    assert capsys.readouterr().out.startswith("Not attempted")
+RIGHT["attention_step"] = nb09.check_attention_step, step_fixed
 
 
 @pytest.mark.parametrize("wrong,fragment", [
@@ -277,3 +249,6 @@ def test_attention_step_right_and_not_attempted(capsys):
 ])
 def test_attention_step_diagnoses(wrong, fragment):
     expect_error(nb09.check_attention_step, wrong, fragment)
+
+
+test_right_and_not_attempted = right_and_not_attempted_test(RIGHT, stub)

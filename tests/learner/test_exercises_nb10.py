@@ -2,12 +2,16 @@
 
 import pytest
 import torch
+from helpers import right_and_not_attempted_test
 
 from selfattn_lite.exercises import ExerciseError, nb10
 
 
 def stub(*args):
     raise NotImplementedError
+
+
+RIGHT = {}          # test id -> (checker, a right answer); each exercise below adds its own
 
 
 # ----------------------------------------------------------------------------- previous-token score
@@ -22,15 +26,8 @@ def loop_previous(weights):
     return sum(weights[..., i, i - 1] for i in range(1, T)) / (T - 1)
 
 
-@pytest.mark.parametrize("answer", [good_previous, loop_previous])
-def test_previous_token_checker_accepts(answer, capsys):
-    nb10.check_previous_token_score(answer)
-    assert capsys.readouterr().out.startswith("Correct")
-
-
-def test_previous_token_checker_not_attempted(capsys):
-    nb10.check_previous_token_score(stub)
-    assert "Not attempted" in capsys.readouterr().out
+RIGHT["previous_token_score"] = nb10.check_previous_token_score, good_previous
+RIGHT["previous_token_score_loop"] = nb10.check_previous_token_score, loop_previous
 
 
 @pytest.mark.parametrize("wrong, match", [
@@ -65,15 +62,8 @@ def adjacency_graph_mask(n, edges):
     return (adj + torch.eye(n)) > 0
 
 
-@pytest.mark.parametrize("answer", [good_graph_mask, adjacency_graph_mask])
-def test_graph_mask_checker_accepts(answer, capsys):
-    nb10.check_graph_mask(answer)
-    assert capsys.readouterr().out.startswith("Correct")
-
-
-def test_graph_mask_checker_not_attempted(capsys):
-    nb10.check_graph_mask(stub)
-    assert "Not attempted" in capsys.readouterr().out
+RIGHT["graph_mask"] = nb10.check_graph_mask, good_graph_mask
+RIGHT["graph_mask_adjacency"] = nb10.check_graph_mask, adjacency_graph_mask
 
 
 def no_self_loops(n, edges):
@@ -124,15 +114,9 @@ def loop_patchify(image, p):
                         for r in range(H // p) for c in range(W // p)])
 
 
-@pytest.mark.parametrize("answer", [good_patchify, unfold_patchify, loop_patchify])
-def test_patchify_checker_accepts(answer, capsys):
-    nb10.check_patchify(answer)
-    assert capsys.readouterr().out.startswith("Correct")
-
-
-def test_patchify_checker_not_attempted(capsys):
-    nb10.check_patchify(stub)
-    assert "Not attempted" in capsys.readouterr().out
+RIGHT["patchify"] = nb10.check_patchify, good_patchify
+RIGHT["patchify_unfold"] = nb10.check_patchify, unfold_patchify
+RIGHT["patchify_loop"] = nb10.check_patchify, loop_patchify
 
 
 def column_major(image, p):
@@ -175,15 +159,8 @@ def scores_preference(maps, query, a, b):
     return explore.token_scores(maps, query, a) - explore.token_scores(maps, query, b)
 
 
-@pytest.mark.parametrize("answer", [good_preference, scores_preference])
-def test_preference_checker_accepts(answer, capsys):
-    nb10.check_preference(answer)
-    assert capsys.readouterr().out.startswith("Correct")
-
-
-def test_preference_checker_not_attempted(capsys):
-    nb10.check_preference(stub)
-    assert capsys.readouterr().out.startswith("Not attempted")
+RIGHT["preference"] = nb10.check_preference, good_preference
+RIGHT["preference_scores"] = nb10.check_preference, scores_preference
 
 
 def _columns(maps, query, a, b):
@@ -203,3 +180,6 @@ def _columns(maps, query, a, b):
 def test_preference_checker_diagnoses(wrong, match):
     with pytest.raises(ExerciseError, match=match):
         nb10.check_preference(wrong)
+
+
+test_right_and_not_attempted = right_and_not_attempted_test(RIGHT, stub)

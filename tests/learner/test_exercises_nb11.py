@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from helpers import expect_error
+from helpers import expect_error, right_and_not_attempted_test
 
 from selfattn_lite.exercises import nb11
 
@@ -11,17 +11,16 @@ def stub(*args, **kwargs):
     raise NotImplementedError
 
 
+RIGHT = {}          # test id -> (checker, a right answer); each exercise below adds its own
+
+
 # ----------------------------------------------------------------------------- softmax_jacobian
 
 def jacobian_right(p):
     return torch.diag(p) - torch.outer(p, p)
 
 
-def test_softmax_jacobian_right_and_not_attempted(capsys):
-    nb11.check_softmax_jacobian(jacobian_right)
-    assert capsys.readouterr().out.startswith("Correct")
-    nb11.check_softmax_jacobian(stub)
-    assert capsys.readouterr().out.startswith("Not attempted")
+RIGHT["softmax_jacobian"] = nb11.check_softmax_jacobian, jacobian_right
 
 
 FIXED = torch.eye(4, dtype=torch.float64)
@@ -50,11 +49,7 @@ def test_softmax_jacobian_hard_coded_answer():
 
 # ----------------------------------------------------------------------------- grad_v
 
-def test_grad_v_right_and_not_attempted(capsys):
-    nb11.check_grad_v(lambda p, do: p.T @ do)
-    assert capsys.readouterr().out.startswith("Correct")
-    nb11.check_grad_v(stub)
-    assert capsys.readouterr().out.startswith("Not attempted")
+RIGHT["grad_v"] = nb11.check_grad_v, lambda p, do: p.T @ do
 
 
 @pytest.mark.parametrize("wrong,fragment", [
@@ -70,13 +65,8 @@ def test_grad_v_diagnoses(wrong, fragment):
 
 # ----------------------------------------------------------------------------- row_term
 
-def test_row_term_right_keepdim_and_not_attempted(capsys):
-    nb11.check_row_term(lambda out, do: (do * out).sum(-1))
-    assert capsys.readouterr().out.startswith("Correct")
-    nb11.check_row_term(lambda out, do: (do * out).sum(-1, keepdim=True))
-    assert capsys.readouterr().out.startswith("Correct")
-    nb11.check_row_term(stub)
-    assert capsys.readouterr().out.startswith("Not attempted")
+RIGHT["row_term"] = nb11.check_row_term, lambda out, do: (do * out).sum(-1)
+RIGHT["row_term_keepdim"] = nb11.check_row_term, lambda out, do: (do * out).sum(-1, keepdim=True)
 
 
 @pytest.mark.parametrize("wrong,fragment", [
@@ -111,11 +101,7 @@ def tile(q, k, v, do, lse, D, scale, *, mistake=None):
     return c * ds @ k, dk, dv
 
 
-def test_tile_backward_right_and_not_attempted(capsys):
-    nb11.check_tile_backward(tile)
-    assert capsys.readouterr().out.startswith("Correct")
-    nb11.check_tile_backward(stub)
-    assert capsys.readouterr().out.startswith("Not attempted")
+RIGHT["tile_backward"] = nb11.check_tile_backward, tile
 
 
 @pytest.mark.parametrize("mistake,fragment", [
@@ -149,3 +135,6 @@ def test_tile_backward_square_only_and_accumulating_answers():
     expect_error(nb11.check_tile_backward, doubled_after_first, "differs from autograd's")
     expect_error(nb11.check_tile_backward, lambda *args: tile(*args)[:2], "three tensors")
     expect_error(nb11.check_tile_backward, lambda *args: tuple(2 * t for t in tile(*args)), "differ from the tile's")
+
+
+test_right_and_not_attempted = right_and_not_attempted_test(RIGHT, stub)

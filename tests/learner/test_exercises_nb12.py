@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import right_and_not_attempted_test
 
 from selfattn_lite.exercises import ExerciseError
 from selfattn_lite.exercises import nb12 as check
@@ -12,6 +13,9 @@ from selfattn_lite.exercises import nb12 as check
 
 def stub(*args, **kwargs):
     raise NotImplementedError
+
+
+RIGHT = {}          # test id -> (checker, a right answer); each exercise below adds its own
 
 
 def theta(d, base):
@@ -24,14 +28,7 @@ def ntk(d, base, s, *, exponent=None, new_base=None):
     return theta(d, b)
 
 
-def test_ntk_right(capsys):
-    check.check_ntk_inv_freq(ntk)
-    assert capsys.readouterr().out.startswith("Correct:")
-
-
-def test_ntk_not_attempted(capsys):
-    check.check_ntk_inv_freq(stub)
-    assert "Not attempted" in capsys.readouterr().out
+RIGHT["ntk_inv_freq"] = check.check_ntk_inv_freq, ntk
 
 
 @pytest.mark.parametrize("wrong, message", [
@@ -64,14 +61,7 @@ def yarn(d, base, s, L, *, reverse=False, in_r=False, no_round=False):
     return (1 - gamma) * th + gamma * th / s
 
 
-def test_yarn_right(capsys):
-    check.check_yarn_inv_freq(yarn)
-    assert capsys.readouterr().out.startswith("Correct:")
-
-
-def test_yarn_not_attempted(capsys):
-    check.check_yarn_inv_freq(stub)
-    assert "Not attempted" in capsys.readouterr().out
+RIGHT["yarn_inv_freq"] = check.check_yarn_inv_freq, yarn
 
 
 @pytest.mark.parametrize("wrong, message", [
@@ -94,14 +84,7 @@ def lpp(model, windows):
     return F.cross_entropy(logits.transpose(1, 2), windows[:, 1:], reduction="none")
 
 
-def test_loss_per_position_right(capsys):
-    check.check_loss_per_position(lpp)
-    assert capsys.readouterr().out.startswith("Correct:")
-
-
-def test_loss_per_position_not_attempted(capsys):
-    check.check_loss_per_position(stub)
-    assert "Not attempted" in capsys.readouterr().out
+RIGHT["loss_per_position"] = check.check_loss_per_position, lpp
 
 
 @pytest.mark.parametrize("wrong, message", [
@@ -136,16 +119,10 @@ def paper(th, s, L, *, mistake=None):
     return (1 - gamma) * th / s + gamma * th, mscale
 
 
-def test_yarn_paper_right(capsys):
-    check.check_yarn_paper(paper)
-    assert capsys.readouterr().out.startswith("Correct:")
-    check.check_yarn_paper(lambda th, s, L: (paper(th, s, L)[0], torch.tensor(paper(th, s, L)[1])))
-    assert capsys.readouterr().out.startswith("Correct:")                 # a 0-d tensor is a number too
-
-
-def test_yarn_paper_not_attempted(capsys):
-    check.check_yarn_paper(stub)
-    assert "Not attempted" in capsys.readouterr().out
+RIGHT["yarn_paper"] = check.check_yarn_paper, paper
+RIGHT["yarn_paper_0d_tensor"] = (
+    check.check_yarn_paper,
+    lambda th, s, L: (paper(th, s, L)[0], torch.tensor(paper(th, s, L)[1])))
 
 
 def code_ramp(th, s, L):
@@ -174,3 +151,6 @@ def code_ramp(th, s, L):
 def test_yarn_paper_wrong(wrong, message):
     with pytest.raises(ExerciseError, match=message):
         check.check_yarn_paper(wrong)
+
+
+test_right_and_not_attempted = right_and_not_attempted_test(RIGHT, stub)

@@ -2,13 +2,16 @@
 
 import pytest
 import torch
-from helpers import expect_error
+from helpers import expect_error, right_and_not_attempted_test
 
 from selfattn_lite.exercises import ExerciseError, nb14
 
 
 def stub(*args, **kwargs):
     raise NotImplementedError
+
+
+RIGHT = {}          # test id -> (checker, a right answer); each exercise below adds its own
 
 
 # ----------------------------------------------------------------------------- merge_partials
@@ -18,11 +21,7 @@ def merge_right(o1, l1, o2, l2):
     return o1 * torch.exp(l1 - lse).unsqueeze(-1) + o2 * torch.exp(l2 - lse).unsqueeze(-1), lse
 
 
-def test_merge_partials_right_and_not_attempted(capsys):
-    nb14.check_merge_partials(merge_right)
-    assert capsys.readouterr().out.startswith("Correct")
-    nb14.check_merge_partials(stub)
-    assert capsys.readouterr().out.startswith("Not attempted")
+RIGHT["merge_partials"] = nb14.check_merge_partials, merge_right
 
 
 def _with_lse(out_fn):
@@ -66,13 +65,10 @@ def skips_right(rank, world, layout):
     return [s for s in range(1, world) if (rank - s) % world > rank] if layout == "contiguous" else []
 
 
-def test_ring_skips_right_and_not_attempted(capsys):
-    nb14.check_ring_skips(skips_right)
-    assert capsys.readouterr().out.startswith("Correct")
-    nb14.check_ring_skips(lambda r, w, lay: torch.tensor(skips_right(r, w, lay), dtype=torch.long))
-    assert capsys.readouterr().out.startswith("Correct")
-    nb14.check_ring_skips(stub)
-    assert capsys.readouterr().out.startswith("Not attempted")
+RIGHT["ring_skips"] = nb14.check_ring_skips, skips_right
+RIGHT["ring_skips_tensor"] = (
+    nb14.check_ring_skips,
+    lambda r, w, lay: torch.tensor(skips_right(r, w, lay), dtype=torch.long))
 
 
 @pytest.mark.parametrize("wrong,fragment", [
@@ -99,13 +95,8 @@ def zigzag_right(L, rank, world):
             *range(starts[parts - 1 - rank], starts[parts - rank])]
 
 
-def test_zigzag_right_and_not_attempted(capsys):
-    nb14.check_zigzag_indices(zigzag_right)
-    assert capsys.readouterr().out.startswith("Correct")
-    nb14.check_zigzag_indices(lambda L, r, w: torch.tensor(zigzag_right(L, r, w)))   # a tensor is fine too
-    assert capsys.readouterr().out.startswith("Correct")
-    nb14.check_zigzag_indices(stub)
-    assert capsys.readouterr().out.startswith("Not attempted")
+RIGHT["zigzag_indices"] = nb14.check_zigzag_indices, zigzag_right
+RIGHT["zigzag_indices_tensor"] = nb14.check_zigzag_indices, lambda L, r, w: torch.tensor(zigzag_right(L, r, w))
 
 
 def contiguous(L, rank, world):
@@ -132,3 +123,6 @@ def chunks(L, rank, world, partner):
 ])
 def test_zigzag_diagnoses(wrong, fragment):
     expect_error(nb14.check_zigzag_indices, wrong, fragment)
+
+
+test_right_and_not_attempted = right_and_not_attempted_test(RIGHT, stub)
