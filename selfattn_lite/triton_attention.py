@@ -502,19 +502,20 @@ def _set_blocks(name: str, nargs: dict) -> None:
             desc.block_shape = [1, nargs[block], nargs["BLOCK_D"]]
 
 
-_AUTOTUNED: dict[tuple, object] = {}
+_AUTOTUNED: dict[tuple, object] = {}       # (kernel name, atomic dQ, dtype) -> autotuner
 
 
-def _autotuned(name: str, atomic: bool = False):
+def _autotuned(name: str, atomic: bool = False, dtype: torch.dtype | None = None):
     """Kernel ``name`` of ``triton_kernels`` under ``@triton.autotune`` with its own configurations
-    (``ATOMIC_CONFIGS`` for the dK/dV kernel when it also adds dQ).
+    (``ATOMIC_CONFIGS`` for the dK/dV kernel when it also adds dQ), one autotuner per input dtype.
 
-    Keyed on (N = B*H, L, S, D, IS_CAUSAL) and, as Triton adds by itself, the arguments' types (dtype, and
-    pointer or descriptor). Triton's autotuner skips a configuration that runs out of resources and re-raises
-    any other error (a compile error, an illegal memory access) as it is. A per-config pre-hook sets the
-    descriptors' block shapes; with atomics, DQ_ACC is zeroed before each timed run.
+    Keyed on (N = B*H, L, S, D, IS_CAUSAL); the dtype picks the autotuner (Triton adds the dtypes of tensor
+    arguments to its key itself, but a tensor descriptor has none, so with TMA bf16 and fp16 would share one
+    tuning). Triton's autotuner skips a configuration that runs out of resources and re-raises any other error
+    (a compile error, an illegal memory access) as it is. A per-config pre-hook sets the descriptors' block
+    shapes; with atomics, DQ_ACC is zeroed before each timed run.
     """
-    if (name, atomic) not in _AUTOTUNED:
+    if (name, atomic, dtype) not in _AUTOTUNED:
         import triton
 
         configs = {"attn_fwd_kernel": FWD_CONFIGS, "attn_bwd_dkdv_kernel": ATOMIC_CONFIGS if atomic else DKDV_CONFIGS,
@@ -522,10 +523,10 @@ def _autotuned(name: str, atomic: bool = False):
         tuned = [triton.Config(dict(BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"]), num_warps=c["num_warps"],
                                num_stages=c["num_stages"], pre_hook=lambda nargs: _set_blocks(name, nargs))
                  for c in configs]
-        _AUTOTUNED[name, atomic] = triton.autotune(configs=tuned, key=["N", "L", "S", "D", "IS_CAUSAL"],
-                                                   reset_to_zero=["DQ_ACC"] if atomic else None)(
+        _AUTOTUNED[name, atomic, dtype] = triton.autotune(configs=tuned, key=["N", "L", "S", "D", "IS_CAUSAL"],
+                                                          reset_to_zero=["DQ_ACC"] if atomic else None)(
             getattr(_kernels(), name))
-    return _AUTOTUNED[name, atomic]
+    return _AUTOTUNED[name, atomic, dtype]
 
 
 def _launch(name: str, rows: int, N: int, config: dict | None, args: dict, meta: dict) -> None:
@@ -537,8 +538,9 @@ def _launch(name: str, rows: int, N: int, config: dict | None, args: dict, meta:
     """
     block = "BLOCK_N" if name == "attn_bwd_dkdv_kernel" else "BLOCK_M"
     if config is None:
-        atomic = bool(meta.get("ATOMIC_DQ"))
-        _autotuned(name, atomic)[lambda m: (math.ceil(rows / m[block]) * N,)](**args, **meta)
+        dtype = getattr(args["Q"], "base", args["Q"]).dtype                      # Q: a tensor or its descriptor
+        tuned = _autotuned(name, bool(meta.get("ATOMIC_DQ")), dtype)
+        tuned[lambda m: (math.ceil(rows / m[block]) * N,)](**args, **meta)
         return
     options = {key: config[key] for key in ("num_warps", "num_stages") if key in config}
     blocks = dict(BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"])

@@ -408,7 +408,7 @@ def fake_cuda(monkeypatch):
     monkeypatch.setattr(ta, "_kernels", lambda: types.SimpleNamespace(attn_bwd_preprocess_kernel=preprocess))
     monkeypatch.setattr(ta, "_compiled", lambda device: True)
     monkeypatch.setattr(ta, "_check_device", lambda *tensors: None)     # CPU tensors pass, also on a GPU machine
-    monkeypatch.setattr(ta, "_autotuned", lambda name, atomic=False: FakeKernel(name, log, errors.get(name)))
+    monkeypatch.setattr(ta, "_autotuned", lambda name, atomic=False, dtype=None: FakeKernel(name, log, errors.get(name)))
     return log, errors
 
 
@@ -460,6 +460,23 @@ def test_each_kernel_has_its_own_autotune_configs_and_key():
     assert ta.DKDV_CONFIGS != ta.DQ_CONFIGS
     assert all(c["BLOCK_N"] >= 2 * c["BLOCK_M"] for c in ta.DKDV_CONFIGS)     # dK/dV: a large key block stays
     assert all(c["BLOCK_M"] >= 2 * c["BLOCK_N"] for c in ta.DQ_CONFIGS)       # dQ: a large query block stays
+
+
+@needs_triton
+def test_bf16_and_fp16_are_tuned_apart(fake_cuda, monkeypatch):
+    """With TMA every tile argument is a descriptor, which gives Triton's autotune key no dtype: the launch picks
+    an autotuner per dtype instead, so a bf16 tuning is never reused for fp16 (the faked GPU takes descriptors)."""
+    asked = []
+    real = ta._autotuned
+    monkeypatch.setattr(ta, "_autotuned", lambda name, atomic=False, dtype=None: asked.append(dtype) or
+                        FakeKernel(name, [], None))
+    for dtype in (torch.bfloat16, torch.float16):
+        q = torch.randn(1, 1, 8, 16).to(dtype)
+        assert ta.tma_by_default(q)
+        with torch.no_grad():
+            ta.flash_attention(q, q, q)
+    assert asked == [torch.bfloat16, torch.float16]
+    assert real("attn_fwd_kernel", False, torch.bfloat16) is not real("attn_fwd_kernel", False, torch.float16)
 
 
 @needs_triton
