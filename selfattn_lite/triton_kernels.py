@@ -252,8 +252,8 @@ def attn_bwd_preprocess_kernel(O, DO, DELTA, N, L, D: tl.constexpr, BLOCK_M: tl.
 @triton.jit
 def attn_bwd_dkdv_inner(dk, dv, k, v, Q, DO, DQ_ACC, LSE_head, DELTA_head, head, q_start, q_end, offs_k, offs_d,
                         L, qk_scale, scale, MASK: tl.constexpr, IS_CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
-                        BLOCK_N: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
-                        UPCAST: tl.constexpr, TMA: tl.constexpr, ATOMIC_DQ: tl.constexpr):
+                        D: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+                        TMA: tl.constexpr, ATOMIC_DQ: tl.constexpr):
     """One key block's walk over the query blocks q_start, q_start + BLOCK_M, ... < q_end: four matmuls a
     step, five with ATOMIC_DQ.
 
@@ -331,14 +331,14 @@ def attn_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, DQ_ACC, N, L, S, qk_sc
         q_start = 0
         diag_end = 0
     dk, dv = attn_bwd_dkdv_inner(dk, dv, k, v, Q, DO, DQ_ACC, LSE_head, DELTA_head, head, q_start, diag_end, offs_k,
-                                 offs_d, L, qk_scale, scale, True, IS_CAUSAL, BLOCK_M, BLOCK_N, D, BLOCK_D, PRECISION,
+                                 offs_d, L, qk_scale, scale, True, IS_CAUSAL, BLOCK_M, D, BLOCK_D, PRECISION,
                                  UPCAST, TMA, ATOMIC_DQ)
     dk, dv = attn_bwd_dkdv_inner(dk, dv, k, v, Q, DO, DQ_ACC, LSE_head, DELTA_head, head, diag_end, full_end, offs_k,
-                                 offs_d, L, qk_scale, scale, False, IS_CAUSAL, BLOCK_M, BLOCK_N, D, BLOCK_D, PRECISION,
+                                 offs_d, L, qk_scale, scale, False, IS_CAUSAL, BLOCK_M, D, BLOCK_D, PRECISION,
                                  UPCAST, TMA, ATOMIC_DQ)
     tail_start = tl.maximum(full_end, diag_end)
     dk, dv = attn_bwd_dkdv_inner(dk, dv, k, v, Q, DO, DQ_ACC, LSE_head, DELTA_head, head, tail_start, L, offs_k,
-                                 offs_d, L, qk_scale, scale, True, IS_CAUSAL, BLOCK_M, BLOCK_N, D, BLOCK_D, PRECISION,
+                                 offs_d, L, qk_scale, scale, True, IS_CAUSAL, BLOCK_M, D, BLOCK_D, PRECISION,
                                  UPCAST, TMA, ATOMIC_DQ)
     store_block(DK, head, k0, offs_d, S, (dk * scale).to(k.dtype), D, BLOCK_N, BLOCK_D, TMA)
     store_block(DV, head, k0, offs_d, S, dv.to(k.dtype), D, BLOCK_N, BLOCK_D, TMA)
