@@ -593,14 +593,16 @@ def forward(q: Tensor, k: Tensor, v: Tensor, *, is_causal: bool = False, scale: 
 _DQ_TIMINGS: dict[tuple, dict] = {}
 
 
-def dq_method_timings() -> dict[str, dict]:
-    """What ``backward``'s automatic choice of dQ method measured on this GPU, per problem:
-    {"N=.. L=.. S=.. D=.. causal=.. dtype=.. tma=..": {"recompute": ms, "atomic": ms, "chosen": name}}.
+_DQ_KEY = ("N", "L", "S", "D", "causal", "dtype", "tma")       # what a problem is, for the dQ-method choice
+
+
+def dq_method_timings() -> list[dict]:
+    """What ``backward``'s automatic choice of dQ method measured on this GPU, one dict per problem:
+    N (= B*H), L, S, D, causal, dtype, tma, then "recompute" and "atomic" (ms per backward) and "chosen".
 
     Taught in notebook 15, "The backward kernels".
     """
-    return {" ".join(f"{k}={v}" for k, v in zip(("N", "L", "S", "D", "causal", "dtype", "tma"), key)): dict(t)
-            for key, t in _DQ_TIMINGS.items()}
+    return [dict(zip(_DQ_KEY, key), **t) for key, t in _DQ_TIMINGS.items()]
 
 
 def _cuda_ms(run, repeat: int = 3) -> float:

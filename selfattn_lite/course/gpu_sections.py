@@ -399,7 +399,7 @@ def _triton(ctx: Context, D: int) -> dict:
             continue
         path = "TMA loads" if tma else "pointer loads"
         if row["what"].startswith("backward"):
-            chosen = [t for key, t in timings.items() if f"D={D} causal={row['is_causal']}" in key]
+            chosen = [t for t in timings if t["D"] == D and t["causal"] == row["is_causal"]]
             method = chosen[0]["chosen"] if chosen else "recompute"
             path += f", dQ {method} ({5 if method == 'atomic' else 7} matmuls)"
         row["backend"] = path
