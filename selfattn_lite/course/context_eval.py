@@ -13,6 +13,10 @@ well each method carries the model past its trained length:
 * ALiBi: a decoder trained from scratch with ALiBi instead of RoPE, same recipe and budget
   (``tiny_decoder_alibi``), read at 2048 as it is (ALiBi has nothing to rescale).
 
+``loss_with_context_cut`` asks whether a model uses the context past its trained length: the same
+targets past position 512, each predicted from only the most recent characters (at most 512, at
+least 512 - CUT_STRIDE + 1), against the same targets read with the whole window before them.
+
 ``attention_entropy`` measures the mean entropy of the attention rows as the context grows,
 for YaRN with and without its attention temperature.
 
@@ -35,13 +39,15 @@ from torch import Tensor
 from ..models import DATA_DIR, CharTokenizer, TinyDecoder, load_text, load_tiny_decoder, split_text
 
 __all__ = ["TRAINED_LEN", "TARGET_LEN", "FACTOR", "BUCKET", "ZERO_SHOT", "FINE_TUNED", "ALIBI", "RESULTS_FILE",
-           "scalings", "held_out_ids", "eval_windows", "load_method", "loss_per_position", "bucket_means",
-           "attention_entropy", "loss_record", "window_losses", "paired_difference", "is_ranked", "run"]
+           "CUT_STRIDE", "scalings", "held_out_ids", "eval_windows", "load_method", "loss_per_position",
+           "bucket_means", "loss_with_context_cut", "attention_entropy", "loss_record", "window_losses",
+           "paired_difference", "is_ranked", "run"]
 
 TRAINED_LEN = 512       # the shipped model's training window
 TARGET_LEN = 2048       # the longer context we ask of it
 FACTOR = TARGET_LEN / TRAINED_LEN
 BUCKET = 256            # positions per bucket
+CUT_STRIDE = 32         # context cut: targets are read in groups of 32, each from at most TRAINED_LEN characters
 ZERO_SHOT = ("none", "pi", "ntk", "yarn", "llama3")
 FINE_TUNED = {"pi_ft": "tiny_decoder_pi", "yarn_ft": "tiny_decoder_yarn"}
 ALIBI = {"alibi": "tiny_decoder_alibi"}
@@ -102,6 +108,33 @@ def loss_per_position(model: TinyDecoder, windows: Tensor) -> Tensor:
     """
     logits = model(windows[:, :-1]).double()                          # (n, T, V)
     return -logits.log_softmax(-1).gather(-1, windows[:, 1:, None])[..., 0]
+
+
+@torch.no_grad()
+def loss_with_context_cut(model: TinyDecoder, windows: Tensor, context: int = TRAINED_LEN,
+                          stride: int = CUT_STRIDE) -> Tensor:
+    """Losses of the targets past ``context``, each predicted from the most recent characters only.
+
+    Column t of ``loss_per_position`` predicts token t + 1 from tokens 0..t. Here the targets of
+    columns t >= context are read in groups of ``stride``: a group ending at column e - 1 is read
+    from the ``context`` tokens e - context .. e - 1 alone, so each of its targets sees between
+    context - stride + 1 and context tokens (the last one exactly ``context``).
+
+    Args:
+        windows: (n, T + 1) token ids, with T - context a multiple of ``stride``.
+
+    Returns:
+        (n, T - context) float64 losses, column j for column context + j of ``loss_per_position``.
+    """
+    n, T = windows.shape[0], windows.shape[1] - 1
+    if (T - context) % stride or not 0 < stride <= context < T:
+        raise ValueError(f"need 0 < stride <= context < T and T - context a multiple of stride, "
+                         f"got T = {T}, context = {context}, stride = {stride}")
+    out = torch.empty(n, T - context, dtype=torch.float64)
+    for end in range(context + stride, T + 1, stride):                # this group: columns end - stride .. end - 1
+        losses = loss_per_position(model, windows[:, end - context:end + 1])   # (n, context)
+        out[:, end - stride - context:end - context] = losses[:, -stride:]
+    return out
 
 
 def bucket_means(losses: Tensor, bucket: int = BUCKET) -> Tensor:
@@ -192,6 +225,12 @@ def run(n_windows: int | None = None, entropy_lengths=(128, 256, 512, 1024, 2048
         out["loss"][method] = loss_record(method, windows)
         if progress:
             print(f"{method:8s} loss by bucket: {out['loss'][method]['bucket']}")
+    if "alibi" in out["loss"]:                                        # does ALiBi use the context past 512?
+        cut = loss_with_context_cut(load_method("alibi"), windows)    # (n, T - 512)
+        out["context_cut"] = {"method": "alibi", "context": TRAINED_LEN, "stride": CUT_STRIDE,
+                              "per_window_past_512": [round(x, 5) for x in cut.mean(-1).tolist()]}
+        if progress:
+            print("alibi, context cut to 512, past 512 per window:", out["context_cut"]["per_window_past_512"])
     keys = ("none", "yarn", "yarn_no_temperature")
     entropy = {"lengths": list(entropy_lengths), **{key: [] for key in keys},
                "per_window": {key: [] for key in keys}}

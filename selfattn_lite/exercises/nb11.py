@@ -1,5 +1,5 @@
 """Checkers for notebook 11: the softmax Jacobian, the gradient of V, FlashAttention's row term D, and
-one tile of FlashAttention's backward pass."""
+one causal tile of FlashAttention's backward pass (with the mask and the skip)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import torch.nn.functional as F
 
 from . import ExerciseError, NotAttempted, attempt, close, not_attempted, passed, require_tensor
 
-__all__ = ["check_softmax_jacobian", "check_grad_v", "check_row_term", "check_tile_backward"]
+__all__ = ["check_softmax_jacobian", "check_grad_v", "check_row_term", "check_causal_tile_backward",
+           "causal_tile", "CAUSAL_TILE_MISTAKES"]
 
 
 def check_softmax_jacobian(fn) -> None:
@@ -105,121 +106,158 @@ def check_row_term(fn) -> None:
     return passed("D = rowsum(dO ∘ O), which equals rowsum(dP ∘ P) without ever forming P")
 
 
-# ----------------------------------------------------------------------------- one tile of the backward
+# ----------------------------------------------------------------------------- one causal tile of the backward
 
-def _attention_problem(L: int, S: int, dk: int, dv: int, seed: int) -> dict:
-    """A full attention problem in float64: inputs, dO, and what the forward saves (O, lse) plus D."""
+def _causal_problem(n: int, dk: int, dv: int, seed: int) -> dict:
+    """A causal self-attention problem in float64: inputs, dO, and what the forward saves (O, lse)."""
     gen = torch.Generator().manual_seed(seed)
     q, k, v, do = (torch.randn(*shape, generator=gen, dtype=torch.float64)
-                   for shape in ((L, dk), (S, dk), (S, dv), (L, dv)))
+                   for shape in ((n, dk), (n, dk), (n, dv), (n, dv)))
     scale = 1 / math.sqrt(dk)
-    lse = torch.logsumexp(scale * q @ k.T, dim=-1)                       # (L,) natural log
-    out = torch.exp(scale * q @ k.T - lse[:, None]) @ v                  # (L, dv)
-    return dict(q=q, k=k, v=v, do=do, lse=lse, D=(do * out).sum(-1), scale=scale)
+    allowed = torch.ones(n, n, dtype=torch.bool).tril()                  # key j <= query i
+    s = (scale * q @ k.T).masked_fill(~allowed, float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)                                     # (n,) natural log
+    out = torch.exp(s - lse[:, None]) @ v                                # (n, dv)
+    return dict(q=q, k=k, v=v, out=out, do=do, lse=lse, scale=scale)
 
 
-def _tile_variants(q, k, v, do, lse, D, scale) -> dict[str, tuple]:
-    """One tile's (dq, dk, dv) contributions, right and with the usual mistakes."""
-    def grads(p, ds, *, scaled=True, transpose_p=False, transpose_ds=False):
-        c = scale if scaled else 1.0
-        dv_ = p @ do if transpose_p else p.T @ do
-        dk_ = c * ds @ q if transpose_ds else c * ds.T @ q
-        return c * ds @ k, dk_, dv_
+def causal_tile(q, k, v, out, grad_out, lse, q_start, k_start, scale, *, mistake=None):
+    """One causal tile's (dq, dk, dv), or None for a tile above the diagonal; right, or with a planted mistake.
 
-    p = torch.exp(scale * q @ k.T - lse[:, None])                       # (Bq, Bk)
-    dp = do @ v.T                                                        # (Bq, Bk)
-    ds = p * (dp - D[:, None])
-    local_p = torch.softmax(scale * q @ k.T, dim=-1)                     # normalised over this tile only
-    unscaled_p = torch.exp(q @ k.T - lse[:, None])
-    no_lse_p = torch.exp(scale * q @ k.T)
-    return {
-        "right": grads(p, ds),
-        "no_scale": grads(p, ds, scaled=False),
-        "no_D": grads(p, p * dp),
-        "tile_rowsum": grads(p, p * (dp - (dp * p).sum(-1, keepdim=True))),
-        "transposed_p": grads(p, ds, transpose_p=True),
-        "transposed_ds": grads(p, ds, transpose_ds=True),
-        "tile_softmax": grads(local_p, local_p * (dp - D[:, None])),
-        "unscaled_p": grads(unscaled_p, unscaled_p * (dp - D[:, None])),
-        "no_lse": grads(no_lse_p, no_lse_p * (dp - D[:, None])),
-    }
+    The checker's model answer and the source of its diagnoses (``mistake`` names one of ``CAUSAL_TILE_MISTAKES``).
+    """
+    bq, bk = q.shape[0], k.shape[0]
+    last_query = q_start + bq - 1
+    skip = {"skip_first_query": k_start > q_start, "never_skip": False}.get(mistake, k_start > last_query)
+    if skip:
+        return None
+    rows = q_start + torch.arange(bq)[:, None]                           # (Bq, 1) absolute query positions
+    cols = k_start + torch.arange(bk)[None, :]                           # (1, Bk) absolute key positions
+    allowed = cols < rows if mistake == "mask_diagonal" else cols <= rows
+    s = scale * q @ k.T if mistake != "unscaled_p" else q @ k.T          # (Bq, Bk)
+    if mistake != "no_mask":
+        s = s.masked_fill(~allowed, float("-inf"))
+    p = torch.exp(s) if mistake == "no_lse" else torch.exp(s - lse[:, None])
+    dp = grad_out @ v.T                                                  # (Bq, Bk)
+    D = (grad_out * out).sum(-1, keepdim=True)                           # (Bq, 1) rowsum(dO * O)
+    if mistake == "tile_rowsum":
+        D = (dp * p).sum(-1, keepdim=True)
+    ds = p * dp if mistake == "no_D" else p * (dp - D)
+    c = 1.0 if mistake == "no_scale" else scale
+    return c * ds @ k, c * ds.T @ q, p.T @ grad_out                     # dq (Bq, dk), dk (Bk, dk), dv (Bk, dv)
 
 
-_TILE_MISTAKES = {
-    "no_scale": "dQ and dK are off by the factor scale: S = scale · Q Kᵀ, so the chain rule gives "
-                "dQ = scale · dS K and dK = scale · dSᵀ Q (you forgot the scale after dS)",
-    "no_D": "you used dP without subtracting D: the softmax's gradient is dS = P ∘ (dP − D), "
-            "with D = rowsum(dO ∘ O) given, one number per query row",
+CAUSAL_TILE_MISTAKES = {
+    "no_D": "D is missing: you used dP alone; the softmax's gradient is dS = P ∘ (dP − D), with "
+            "D = rowsum(dO ∘ O) computed from the out and grad_out you are given (exercise 3)",
     "tile_rowsum": "you subtracted this tile's own rowsum(dP ∘ P); the softmax's row term runs over the whole "
-                   "row (every key tile), which is exactly the D you are given: dS = P ∘ (dP − D)",
-    "transposed_p": "dV = Pᵀ dO: you used P untransposed (P dO); key j collects from every query i "
-                    "its weight P[i, j], so transpose P",
-    "transposed_ds": "dK = scale · dSᵀ Q: transpose dS (the keys are its columns), as for dV",
-    "tile_softmax": "a softmax over this tile normalises by this tile's keys only; recompute "
-                    "P = exp(scale · q kᵀ − lse), whose lse is the whole row's normaliser",
-    "unscaled_p": "the scores inside exp need the scale: P = exp(scale · q kᵀ − lse)",
+                   "row (every key tile), which is D = rowsum(dO ∘ O), computed from out and grad_out",
+    "no_mask": "the mask is not applied: on a tile that straddles the diagonal, the keys after a query "
+               "(key position > query position) must get P = 0; set their scores to −inf before exp",
+    "mask_diagonal": "your mask also hides the diagonal: a query may attend to itself (key position <= "
+                     "query position), only later keys are masked",
+    "skip_first_query": "the skip is wrong: you skipped a tile whose first key comes after its FIRST query, but "
+                        "its later queries still see some of its keys; skip only when k_start is after the "
+                        "tile's LAST query, q_start + Bq − 1",
+    "never_skip": "the causal skip is missing: this tile lies entirely above the diagonal (its first key "
+                  "comes after its last query), so every P in it is 0; return None instead of computing it",
+    "no_scale": "the scale is missing after dS: S = scale · Q Kᵀ, so the chain rule gives "
+                "dQ = scale · dS K and dK = scale · dSᵀ Q",
+    "unscaled_p": "the scale is missing inside exp: P = exp(scale · q kᵀ − lse)",
     "no_lse": "P = exp(scale · q kᵀ) is not normalised: subtract the saved lse, P = exp(scale · q kᵀ − lse)",
 }
 
 
-def _tile_result(name: str, got, shapes) -> tuple:
-    if not isinstance(got, (tuple, list)) or len(got) != 3:
-        raise ExerciseError(f"{name} should return three tensors (dq, dk, dv), got {type(got).__name__}")
-    return tuple(require_tensor(f"{name}[{i}] ({part})", t, shape)
-                 for i, (part, t, shape) in enumerate(zip(("dq", "dk", "dv"), got, shapes)))
+def _tile_args(prob: dict, r: slice, c: slice) -> tuple:
+    return (prob["q"][r].clone(), prob["k"][c].clone(), prob["v"][c].clone(), prob["out"][r].clone(),
+            prob["do"][r].clone(), prob["lse"][r].clone(), r.start, c.start, prob["scale"])
 
 
-def check_tile_backward(fn) -> None:
-    """``fn(q, k, v, grad_out, lse, D, scale) -> (dq, dk, dv)``: one tile's contributions to the gradients.
+def _tiles(n: int, block_q: int, block_k: int):
+    for i in range(0, n, block_q):
+        for j in range(0, n, block_k):
+            yield slice(i, min(i + block_q, n)), slice(j, min(j + block_k, n))
 
-    q (Bq, dk), grad_out (Bq, dv), lse (Bq,) and D (Bq,) are a block of query rows; k (Bk, dk) and v (Bk, dv)
-    a block of key rows. P = exp(scale q k^T - lse), dV = P^T dO, dP = dO v^T, dS = P * (dP - D),
-    dQ = scale dS k, dK = scale dS^T q. The checker first diagnoses one square tile, then runs the whole
-    backward loop over tiles of awkward sizes and compares the sums with autograd.
-    """
-    prob = _attention_problem(7, 9, 5, 3, seed=111)
-    rows, cols = slice(0, 4), slice(2, 6)                                # a square tile inside a longer row
-    args = (prob["q"][rows], prob["k"][cols], prob["v"][cols], prob["do"][rows], prob["lse"][rows],
-            prob["D"][rows], prob["scale"])
+
+def _same(got, want) -> bool:
+    if want is None or got is None:
+        return got is None and want is None
+    return isinstance(got, (tuple, list)) and len(got) == 3 and all(
+        isinstance(a, torch.Tensor) and a.shape == b.shape and close(a, b) for a, b in zip(got, want))
+
+
+def _call_tile(fn, args: tuple, where: str):
     try:
-        got = attempt(fn, *(a.clone() if isinstance(a, torch.Tensor) else a for a in args))
-    except NotAttempted:
-        return not_attempted("tile_backward")
+        return attempt(fn, *args)
     except RuntimeError as error:
-        raise ExerciseError(f"tile_backward raised {error}: check the shapes, q (Bq, dk), k (Bk, dk), "
-                            "v (Bk, dv), grad_out (Bq, dv), lse and D (Bq,)") from None
-    got = _tile_result("tile_backward(...)", got, [(4, 5), (4, 5), (4, 3)])
-    variants = _tile_variants(*args)
-    if not all(close(a, b) for a, b in zip(got, variants["right"])):
-        for name, message in _TILE_MISTAKES.items():
-            if all(close(a, b) for a, b in zip(got, variants[name])):
-                raise ExerciseError(message)
-        wrong = [part for part, a, b in zip(("dq", "dk", "dv"), got, variants["right"]) if not close(a, b)]
-        raise ExerciseError(f"{', '.join(wrong)} differ from the tile's contributions: P = exp(scale q kᵀ − lse), "
-                            "dV = Pᵀ dO, dP = dO vᵀ, dS = P ∘ (dP − D), dQ = scale dS k, dK = scale dSᵀ q")
-    for L, S, block_q, block_k in ((7, 9, 3, 4), (10, 6, 4, 5)):         # tiles that do not divide n
-        prob = _attention_problem(L, S, 5, 3, seed=112 + L)
-        dq, dk, dv = (torch.zeros(*shape, dtype=torch.float64) for shape in ((L, 5), (S, 5), (S, 3)))
-        for i in range(0, L, block_q):
-            for j in range(0, S, block_k):
-                r, c = slice(i, i + block_q), slice(j, j + block_k)
-                bq, bk = len(range(L)[r]), len(range(S)[c])
-                try:
-                    parts = attempt(fn, prob["q"][r].clone(), prob["k"][c].clone(), prob["v"][c].clone(),
-                                    prob["do"][r].clone(), prob["lse"][r].clone(), prob["D"][r].clone(), prob["scale"])
-                except RuntimeError as error:
-                    raise ExerciseError(f"right on a square tile, but a {bq} x {bk} tile raised {error}: "
-                                        "a tile need not be square") from None
-                t_dq, t_dk, t_dv = _tile_result(f"tile_backward on a {bq} x {bk} tile", parts,
-                                                [(bq, 5), (bk, 5), (bk, 3)])
-                dq[r] += t_dq
-                dk[c] += t_dk
-                dv[c] += t_dv
+        raise ExerciseError(f"causal_tile_backward raised {error} on {where}: check the shapes, q (Bq, dk), "
+                            "k (Bk, dk), v (Bk, dv), out and grad_out (Bq, dv), lse (Bq,); a tile need not "
+                            "be square (dV = Pᵀ dO and dK = scale dSᵀ q: the keys are the columns of P "
+                            "and dS)") from None
+
+
+def check_causal_tile_backward(fn) -> None:
+    """``fn(q, k, v, out, grad_out, lse, q_start, k_start, scale) -> (dq, dk, dv) or None``: one causal tile.
+
+    Queries q_start .. q_start + Bq - 1 against keys k_start .. k_start + Bk - 1 of a causal self-attention
+    (key position <= query position may attend). None for a tile above the diagonal (the causal skip);
+    otherwise D = rowsum(dO * O), P = exp(scale q k^T + mask - lse), dV = P^T dO, dP = dO v^T,
+    dS = P * (dP - D), dQ = scale dS k, dK = scale dS^T q. The checker diagnoses the tiles of a 10-token
+    problem in 3 x 4 and 4 x 3 tiles (sizes that do not divide 10), then sums the contributions over
+    two whole problems and compares them with autograd through SDPA with is_causal=True.
+    """
+    prob = _causal_problem(10, 5, 3, seed=111)
+    first = (slice(0, 3), slice(0, 4))                                  # a diagonal tile first
+    try:
+        attempt(fn, *_tile_args(prob, *first))
+    except NotAttempted:
+        return not_attempted("causal_tile_backward")
+    except RuntimeError:
+        pass                                                            # reported with its tile below
+    for block_q, block_k in ((3, 4), (4, 3)):
+        for r, c in _tiles(10, block_q, block_k):
+            args = _tile_args(prob, r, c)
+            where = f"the tile of queries {r.start}..{r.stop - 1} and keys {c.start}..{c.stop - 1}"
+            got = _call_tile(fn, args, where)
+            want = causal_tile(*args)
+            if _same(got, want):
+                continue
+            for name, message in CAUSAL_TILE_MISTAKES.items():
+                if _same(got, causal_tile(*args, mistake=name)):
+                    raise ExerciseError(f"{where}: {message}")
+            if want is None:
+                raise ExerciseError(f"{where} lies above the diagonal: return None (the causal skip)")
+            if got is None:
+                raise ExerciseError(f"{where} has keys its queries may see: compute it, do not skip it")
+            if not isinstance(got, (tuple, list)) or len(got) != 3:
+                raise ExerciseError(f"return three tensors (dq, dk, dv) or None, got {type(got).__name__}")
+            shapes = [(r.stop - r.start, 5), (c.stop - c.start, 5), (c.stop - c.start, 3)]
+            for part, t, shape in zip(("dq", "dk", "dv"), got, shapes):
+                require_tensor(f"{part} on {where}", t, shape)
+            wrong = [part for part, a, b in zip(("dq", "dk", "dv"), got, want) if not close(a, b)]
+            raise ExerciseError(f"{where}: {', '.join(wrong)} differ from the tile's contributions: "
+                                "D = rowsum(dO ∘ O), P = exp(scale q kᵀ + mask − lse), dV = Pᵀ dO, dP = dO vᵀ, "
+                                "dS = P ∘ (dP − D), dQ = scale dS k, dK = scale dSᵀ q")
+    counts = []
+    for n, block_q, block_k, seed in ((10, 3, 4, 112), (13, 5, 2, 113)):   # whole problems, awkward tiles
+        prob = _causal_problem(n, 5, 3, seed=seed)
+        dq, dk, dv = (torch.zeros(n, e, dtype=torch.float64) for e in (5, 5, 3))
+        skipped = total = 0
+        for r, c in _tiles(n, block_q, block_k):
+            total += 1
+            parts = _call_tile(fn, _tile_args(prob, r, c), f"a {n}-token problem in {block_q} x {block_k} tiles")
+            if parts is None:
+                skipped += 1
+                continue
+            dq[r] += parts[0]
+            dk[c] += parts[1]
+            dv[c] += parts[2]
         leaves = [prob[name].clone().requires_grad_() for name in ("q", "k", "v")]
-        expected = torch.autograd.grad(F.scaled_dot_product_attention(*leaves), leaves, prob["do"])
+        expected = torch.autograd.grad(F.scaled_dot_product_attention(*leaves, is_causal=True), leaves, prob["do"])
         for name, a, b in zip(("dq", "dk", "dv"), (dq, dk, dv), expected):
             if not close(a, b, atol=1e-9, rtol=1e-7):
-                raise ExerciseError(f"summed over {block_q} x {block_k} tiles of a {L} x {S} problem, {name} "
+                raise ExerciseError(f"summed over the {block_q} x {block_k} tiles of a {n}-token problem, {name} "
                                     "differs from autograd's: each tile must return only its own contribution")
-    return passed("one tile's dQ, dK, dV from P = exp(scale q kᵀ − lse) and dS = P ∘ (dP − D); summed over "
-                  "awkward tiles they equal autograd's gradients")
+        counts.append(f"{skipped} of {total} tiles skipped for n = {n} in {block_q} x {block_k} tiles")
+    return passed("D = rowsum(dO ∘ O), the mask on the diagonal tiles, the skip above it; summed over awkward "
+                  "tiles the contributions equal autograd's (" + "; ".join(counts) + ")")

@@ -1,18 +1,22 @@
 """Checkers for notebook 12: NTK-aware frequencies, YaRN's frequencies (as the reference code ramps them),
-YaRN's ramp and temperature from the paper's definitions, and the loss at every position of a window
-(the measurement behind the notebook's curves)."""
+YaRN's ramp and temperature from the paper's definitions, the loss at every position of a window
+(the measurement behind the notebook's curves), Llama 3.1's frequency blend from its definition, and
+the position where zero-shot NTK-aware scaling first breaks."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import torch
 import torch.nn.functional as F
 
+from ..models import DATA_DIR
 from ..positions import RotaryEmbedding, rope_inv_freq, scaled_inv_freq
 from . import ExerciseError, NotAttempted, attempt, close, not_attempted, passed, require_tensor
 
-__all__ = ["check_ntk_inv_freq", "check_yarn_inv_freq", "check_yarn_paper", "check_loss_per_position"]
+__all__ = ["check_ntk_inv_freq", "check_yarn_inv_freq", "check_yarn_paper", "check_loss_per_position",
+           "check_llama3_inv_freq", "check_ntk_break"]
 
 
 def check_ntk_inv_freq(fn) -> None:
@@ -241,3 +245,163 @@ def check_loss_per_position(fn) -> None:
     if not close(got, expected):
         raise ExerciseError("not the cross-entropy at each position: -log softmax(logits[:, t])[windows[:, t + 1]]")
     return passed("one cross-entropy per window and position, targets shifted by one")
+
+
+# ----------------------------------------------------------------------------- Llama 3.1's frequency blend
+
+def _llama3_variants(theta: torch.Tensor, s: float, L: int, low: float, high: float) -> dict[str, torch.Tensor]:
+    """Llama 3.1's frequencies from its definition, right and with the usual mistakes."""
+    wavelength = 2 * math.pi / theta
+    smooth = (L / wavelength - low) / (high - low)                       # linear in the turns r = L / lambda
+
+    def blend(sm, keep_fast=wavelength < L / high, divide_slow=wavelength > L / low, reversed_=False):
+        mid = (1 - sm) * theta / s + sm * theta if not reversed_ else (1 - sm) * theta + sm * theta / s
+        return torch.where(keep_fast, theta, torch.where(divide_slow, theta / s, mid))
+
+    in_wavelength = (L / low - wavelength) / (L / low - L / high)         # linear in lambda instead of r
+    no_2pi = 1 / theta
+    return {
+        "right": blend(smooth),
+        "unchanged": theta.clone(),
+        "pi": theta / s,
+        "swapped": blend((L / wavelength - high) / (low - high), keep_fast=wavelength < L / low,
+                         divide_slow=wavelength > L / high),
+        "reversed": blend(smooth, reversed_=True),
+        "wavelength": blend(in_wavelength),
+        "no_2pi": blend((L / no_2pi - low) / (high - low), keep_fast=no_2pi < L / high, divide_slow=no_2pi > L / low),
+        "no_clamp": (1 - smooth) * theta / s + smooth * theta,
+    }
+
+
+_LLAMA3_MISTAKES = {
+    "unchanged": "these are the unscaled frequencies: pairs with a wavelength over L / low_freq_factor are divided "
+                 "by s, and the pairs between the two boundaries are blended",
+    "pi": "every pair divided by s is position interpolation; Llama 3.1 keeps the fast pairs (wavelength under "
+          "L / high_freq_factor) as they are",
+    "swapped": "the two boundaries are swapped: keep θ where the wavelength is under L / high_freq_factor "
+               "(more than high_freq_factor turns in L), divide by s where it is over L / low_freq_factor",
+    "reversed": "the blend is reversed: smooth = 1 at the fast end keeps θ, so the blend is "
+                "(1 − smooth) θ / s + smooth θ",
+    "wavelength": "the blend is linear in the turns r = L / λ, not in the wavelength λ: "
+                  "smooth = (L / λ − low_freq_factor) / (high_freq_factor − low_freq_factor)",
+    "no_2pi": "the wavelength of a pair is λ = 2π / θ: you forgot the 2π",
+    "no_clamp": "outside the two boundaries smooth leaves [0, 1]: keep θ for the fast pairs and use θ / s for "
+                "the slow ones, and blend only between",
+}
+
+
+def check_llama3_inv_freq(fn) -> None:
+    """``fn(inv_freq, factor, original_max_len, low_freq_factor, high_freq_factor) -> (d/2,)``: Llama 3.1's blend.
+
+    With λ = 2π / θ: θ kept where λ < L / high_freq_factor, θ / s where λ > L / low_freq_factor, and
+    (1 − smooth) θ / s + smooth θ between, smooth = (L / λ − low) / (high − low). Checked against the
+    package's ``llama3`` scaling at Llama 3.1's own shape (d = 128, base 500000, L = 8192, s = 8) and at
+    the tiny decoder's (d = 16, base 10000, L = 512, s = 4).
+    """
+    cases = ((128, 500000.0, 8.0, 8192, 1.0, 4.0), (16, 10000.0, 4.0, 512, 1.0, 4.0),
+             (64, 10000.0, 4.0, 2048, 2.0, 8.0))
+    for k, (d, base, s, L, low, high) in enumerate(cases):
+        theta = rope_inv_freq(d, base).double()
+        try:
+            got = attempt(fn, theta.clone(), s, L, low, high)
+        except NotAttempted:
+            return not_attempted("llama3_inv_freq")
+        got = require_tensor(f"llama3_inv_freq for d = {d}", got, (d // 2,)).double()
+        scaling = {"kind": "llama3", "factor": s, "original_max_len": L, "low_freq_factor": low,
+                   "high_freq_factor": high}
+        package = scaled_inv_freq(d, base, scaling)[0].double()
+        variants = _llama3_variants(theta, s, L, low, high)
+        if close(got, variants["right"], atol=1e-9, rtol=1e-5) and close(got, package, atol=1e-9, rtol=1e-5):
+            continue
+        for name, message in _LLAMA3_MISTAKES.items():
+            if close(got, variants[name], atol=1e-9, rtol=1e-5):
+                raise ExerciseError(message)
+        if k > 0:
+            raise ExerciseError(f"right for Llama 3.1's own shape but not for d = {d}, L = {L}, s = {s}, "
+                                f"low = {low}, high = {high}: use the arguments, not Llama 3.1's constants")
+        raise ExerciseError("expected θ where λ < L / high_freq_factor, θ / s where λ > L / low_freq_factor, "
+                            "and (1 − smooth) θ / s + smooth θ between, smooth = (L / λ − low) / (high − low)")
+    return passed("Llama 3.1's blend: fast pairs kept, slow pairs / s, linear in the turns L / λ between; "
+                  "the same as the package's llama3 scaling (and Meta's apply_scaling)")
+
+
+# ----------------------------------------------------------------------------- where NTK-aware breaks
+
+def _ntk_break(d: int, base: float, s: float, L: int, mistake: str | None = None) -> float:
+    """The first position where a zero-shot NTK-aware pair meets an angle it never saw in training."""
+    theta = rope_inv_freq(d, base).double()
+    exponent = 1.0 if mistake == "no_exponent" else d / (d - 2)
+    slowed = rope_inv_freq(d, base * s ** exponent).double()
+    turns = L * theta / (2 * math.pi)                                    # r_i = L / lambda_i
+    new_at = L * theta / slowed                                          # position where m theta'_i = L theta_i
+    if mistake == "all_pairs":
+        return new_at.min().item()
+    if mistake == "slowest_pair":
+        return new_at[-1].item()
+    return new_at[turns < 1].min().item()
+
+
+_NTK_BREAK_MISTAKES = {
+    "slowest_pair": "that is the slowest pair, slowed by the full s: it meets new angles only at L · s. The pairs "
+                    "between are slowed by less (s^(2i/(d−2))), so one of them reaches new angles first",
+    "all_pairs": "a pair that turns at least once within L has already seen every angle, so it never meets a new "
+                 "one; only the pairs with r_i = L / λ_i < 1 can, and NTK-aware slows the first of them by less "
+                 "than s",
+    "no_exponent": "NTK-aware's base is b · s^(d/(d−2)), not b · s: the exponent makes the slowest pair exactly "
+                   "s times slower",
+}
+
+
+def _ntk_measured(position: float) -> dict:
+    """The saved run's NTK-aware loss past 512: buckets wholly before ``position`` against those wholly after."""
+    results = json.loads((DATA_DIR / "context_eval.json").read_text())
+    buckets = torch.tensor(results["loss"]["ntk"]["per_window_bucket"], dtype=torch.float64)   # (windows, 8)
+    size, trained = results["bucket"], results["trained_len"]
+    starts = range(0, results["target_len"], size)
+    before = [k for k, e in enumerate(starts) if e >= trained and e + size <= position]
+    after = [k for k, e in enumerate(starts) if e >= position]
+    diffs = buckets[:, after].mean(-1) - buckets[:, before].mean(-1)    # paired over the windows
+    return dict(before=buckets[:, before].mean().item(), after=buckets[:, after].mean().item(),
+                mean=diffs.mean().item(), sd=diffs.std().item(), first_after=starts[after[0]])
+
+
+def check_ntk_break(fn) -> None:
+    """``fn(head_dim, base, factor, trained_len) -> position``: where zero-shot NTK-aware first breaks.
+
+    A pair with r_i = L θ_i / (2π) < 1 turns less than once in training and saw only angles up to about
+    L θ_i. Slowed to θ'_i it reaches the angle L θ_i at position L θ_i / θ'_i; the answer is the earliest
+    such position. Checked against the package's NTK-aware frequencies (the tiny decoder's shape and a
+    Llama 2-like head), then against the measured losses of notebook 12: the saved run's NTK-aware loss
+    after the predicted position is above its loss between 512 and the prediction, on the same windows.
+    """
+    cases = ((16, 10000.0, 4.0, 512), (128, 10000.0, 8.0, 4096), (64, 10000.0, 2.0, 1024))
+    for k, (d, base, s, L) in enumerate(cases):
+        try:
+            got = attempt(fn, d, base, s, L)
+        except NotAttempted:
+            return not_attempted("ntk_break")
+        if isinstance(got, torch.Tensor) and got.numel() == 1:
+            got = got.item()
+        if not isinstance(got, (int, float)):
+            raise ExerciseError(f"return one number, the position, got {type(got).__name__}")
+        want = _ntk_break(d, base, s, L)
+        if math.isclose(got, want, rel_tol=1e-4):
+            continue
+        for name, message in _NTK_BREAK_MISTAKES.items():
+            if math.isclose(got, _ntk_break(d, base, s, L, name), rel_tol=1e-4):
+                raise ExerciseError(message)
+        if math.isclose(got, L, rel_tol=1e-4):
+            raise ExerciseError("L itself is where RoPE without scaling breaks; NTK-aware slows the slow pairs, "
+                                "so its first new angle comes later")
+        if k > 0:
+            raise ExerciseError(f"right for the tiny decoder but not for d = {d}, base = {base:g}, s = {s}, "
+                                f"L = {L}: use the arguments")
+        raise ExerciseError("expected the earliest L θ_i / θ'_i over the pairs with L θ_i / (2π) < 1, "
+                            "θ'_i being NTK-aware's frequencies (base b · s^(d/(d−2)))")
+    position = _ntk_break(16, 10000.0, 4.0, 512)
+    seen = _ntk_measured(position)
+    if not seen["mean"] > seen["sd"]:                                    # the saved run must bear the prediction out
+        raise ExerciseError("the saved run does not show NTK-aware's loss rising after the predicted position")
+    return passed(f"NTK-aware first meets new angles at position {position:.0f} on the tiny decoder; the saved run's "
+                  f"NTK-aware loss from {seen['first_after']} on is above its loss between 512 and {position:.0f}, "
+                  f"on the same windows (by {seen['mean']:.2f} ± {seen['sd']:.2f} nats)")

@@ -4,7 +4,7 @@
 backward pass (beyond q, k, v themselves); ``draw_saved_memory`` plots them against n and
 ``BackwardMemoryWidget`` lets a learner pick n, the heads and the head width.
 
-    explicit:  the weights P, (B, h, n, n), plus the output O, (B, h, n, dv)
+    explicit:  the weights P, (B, h, n, n) (its autograd keeps Q, K, P and V, not O)
     tiled:     the output O, (B, h, n, dv), and one log-sum-exp per query row, (B, h, n)
 """
 
@@ -23,14 +23,17 @@ COLORS = {"explicit": "#D55E00", "tiled": "#0072B2"}   # Okabe-Ito, as bench_eff
 
 
 def saved_for_backward(n: int, *, B: int = 1, h: int = 8, dv: int = 64, bytes_per_value: int = 4) -> dict:
-    """Bytes kept for the backward pass by each method, q, k, v not counted.
+    """Bytes kept for the backward pass by each method, q, k, v not counted (both keep them).
+
+    Explicit attention's autograd keeps Q, K, P and V (notebook 11, "What SDPA keeps"); the tiled
+    kernel keeps Q, K, V, O and one log-sum-exp per query row.
 
     Returns:
-        {"explicit": B h (n^2 + n dv) bytes_per_value, "tiled": B h (n dv + n) bytes_per_value}.
+        {"explicit": B h n^2 bytes_per_value (P), "tiled": B h (n dv + n) bytes_per_value (O and lse)}.
     """
     for name, x in (("n", n), ("B", B), ("h", h), ("dv", dv), ("bytes_per_value", bytes_per_value)):
         check_int(name, x, low=1)
-    return {"explicit": B * h * (n * n + n * dv) * bytes_per_value,
+    return {"explicit": B * h * n * n * bytes_per_value,
             "tiled": B * h * (n * dv + n) * bytes_per_value}
 
 
@@ -42,7 +45,7 @@ def draw_saved_memory(n: int, *, h: int = 8, dv: int = 64, bytes_per_value: int 
     ns = np.unique(np.geomspace(256, max_n, 30).astype(int))
     for method in ("explicit", "tiled"):
         mib = [saved_for_backward(int(m), h=h, dv=dv, bytes_per_value=bytes_per_value)[method] / 2**20 for m in ns]
-        ax.plot(ns, mib, color=COLORS[method], label=f"{method}: " + ("P and O" if method == "explicit" else
+        ax.plot(ns, mib, color=COLORS[method], label=f"{method}: " + ("P" if method == "explicit" else
                                                                       "O and the log-sum-exp"))
         here = saved_for_backward(n, h=h, dv=dv, bytes_per_value=bytes_per_value)[method] / 2**20
         ax.plot([n], [here], "o", color=COLORS[method])

@@ -122,6 +122,22 @@ def test_loss_per_position_is_cross_entropy():
     torch.testing.assert_close(got.float(), expected, atol=1e-5, rtol=1e-5)
 
 
+def test_loss_with_context_cut_reads_each_target_from_at_most_context_tokens():
+    model = tiny_model(max_len=64)
+    windows = torch.randint(0, 11, (2, 49), generator=torch.Generator().manual_seed(0))   # T = 48
+    cut = context_eval.loss_with_context_cut(model, windows, context=16, stride=8)      # (2, 32)
+    assert cut.shape == (2, 32)
+    for col in range(32):                                                     # target of column 16 + col
+        t = 16 + col
+        end = 16 + 8 * (col // 8 + 1)                                         # its group ends at column end - 1
+        start = end - 16                                                      # read from tokens start .. t
+        alone = context_eval.loss_per_position(model, windows[:, start:t + 2])[:, -1]
+        torch.testing.assert_close(cut[:, col], alone)
+        assert 16 - 8 < t - start + 1 <= 16                                   # between context - stride + 1 and 16
+    with pytest.raises(ValueError, match="multiple of stride"):
+        context_eval.loss_with_context_cut(model, windows, context=16, stride=5)
+
+
 def test_attention_entropy_of_uniform_rows_is_log_of_the_row_length():
     model = tiny_model(2, max_len=64)
     with torch.no_grad():

@@ -81,60 +81,102 @@ def test_row_term_diagnoses(wrong, fragment):
     expect_error(nb11.check_row_term, wrong, fragment)
 
 
-# ----------------------------------------------------------------------------- one tile of the backward
+# ----------------------------------------------------------------------------- one causal tile of the backward
 
-def tile(q, k, v, do, lse, D, scale, *, mistake=None):
-    """One tile's (dq, dk, dv), right or with one planted mistake."""
-    p = torch.exp(scale * q @ k.T - lse[:, None])                      # (Bq, Bk)
-    if mistake == "tile_softmax":
-        p = torch.softmax(scale * q @ k.T, dim=-1)
-    if mistake == "no_lse":
-        p = torch.exp(scale * q @ k.T)
-    if mistake == "unscaled_p":
-        p = torch.exp(q @ k.T - lse[:, None])
+def causal_tile(q, k, v, out, do, lse, q_start, k_start, scale, *, mistake=None):
+    """One causal tile, written independently of the checker: right, or with one planted mistake."""
+    bq, bk = len(q), len(k)
+    if mistake == "skip_first_query":
+        if k_start > q_start:
+            return None
+    elif mistake != "never_skip" and k_start >= q_start + bq:               # the first key after the last query
+        return None
+    query_pos = torch.arange(q_start, q_start + bq)
+    key_pos = torch.arange(k_start, k_start + bk)
+    future = key_pos[None, :] > query_pos[:, None]                          # (Bq, Bk) may not attend
+    if mistake == "mask_diagonal":
+        future = key_pos[None, :] >= query_pos[:, None]
+    scores = q @ k.T * (1.0 if mistake == "unscaled_p" else scale)
+    if mistake != "no_mask":
+        scores = torch.where(future, -torch.inf, scores)
+    p = torch.exp(scores if mistake == "no_lse" else scores - lse[:, None])
     dp = do @ v.T
-    row = (dp * p).sum(-1, keepdim=True) if mistake == "tile_rowsum" else D[:, None]
-    ds = p * dp if mistake == "no_D" else p * (dp - row)
+    if mistake == "no_D":
+        row = torch.zeros(bq, 1, dtype=q.dtype)
+    elif mistake == "tile_rowsum":
+        row = (dp * p).sum(1, keepdim=True)
+    else:
+        row = (do * out).sum(1, keepdim=True)
+    ds = p * (dp - row)
     c = 1.0 if mistake == "no_scale" else scale
-    dv = p @ do if mistake == "transposed_p" else p.T @ do
-    dk = c * ds @ q if mistake == "transposed_ds" else c * ds.T @ q
-    return c * ds @ k, dk, dv
+    return c * ds @ k, c * ds.T @ q, p.T @ do
 
 
-RIGHT["tile_backward"] = nb11.check_tile_backward, tile
+RIGHT["causal_tile_backward"] = nb11.check_causal_tile_backward, causal_tile
 
 
 @pytest.mark.parametrize("mistake,fragment", [
-    ("no_scale", "forgot the scale"),
-    ("no_D", "without subtracting D"),
+    ("no_D", "D is missing"),
     ("tile_rowsum", "this tile's own rowsum"),
-    ("transposed_p", "transpose P"),
-    ("transposed_ds", "transpose dS"),
-    ("tile_softmax", "softmax over this tile"),
-    ("unscaled_p", "scores inside exp need the scale"),
+    ("no_mask", "the mask is not applied"),
+    ("mask_diagonal", "also hides the diagonal"),
+    ("skip_first_query", "the skip is wrong"),
+    ("never_skip", "the causal skip is missing"),
+    ("no_scale", "scale is missing after dS"),
+    ("unscaled_p", "scale is missing inside exp"),
     ("no_lse", "subtract the saved lse"),
 ])
-def test_tile_backward_diagnoses(mistake, fragment):
-    expect_error(nb11.check_tile_backward, lambda *args: tile(*args, mistake=mistake), fragment)
+def test_causal_tile_backward_diagnoses(mistake, fragment):
+    expect_error(nb11.check_causal_tile_backward, lambda *args: causal_tile(*args, mistake=mistake), fragment)
 
 
-def test_tile_backward_square_only_and_accumulating_answers():
-    def square_only(q, k, v, do, lse, D, scale):
+def test_causal_tile_backward_other_wrong_answers():
+    def square_only(q, k, *rest):
         if q.shape[0] != k.shape[0]:
             raise RuntimeError("mat1 and mat2 shapes cannot be multiplied")
-        return tile(q, k, v, do, lse, D, scale)
+        return causal_tile(q, k, *rest)
 
-    expect_error(nb11.check_tile_backward, square_only, "a tile need not be square")
+    expect_error(nb11.check_causal_tile_backward, square_only, "a tile need not be square")
+
+    def transposed_dv(*args):
+        dq, dk, dv = causal_tile(*args) or (None,) * 3
+        if dq is None:
+            return None
+        p = torch.ones(len(args[0]), len(args[1]), dtype=torch.float64)
+        return dq, dk, p @ args[4]                                      # P dO: (Bq, dv), not (Bk, dv)
+
+    expect_error(nb11.check_causal_tile_backward, transposed_dv, "shape")
+    expect_error(nb11.check_causal_tile_backward, lambda *args: (causal_tile(*args) or (None,) * 3)[:2]
+                 if causal_tile(*args) is not None else None, "three tensors")
+
+    def skips_everything_but_first(q, k, v, out, do, lse, q_start, k_start, scale):
+        return causal_tile(q, k, v, out, do, lse, q_start, k_start, scale) if q_start == k_start == 0 else None
+
+    expect_error(nb11.check_causal_tile_backward, skips_everything_but_first, "do not skip it")
+    expect_error(nb11.check_causal_tile_backward,
+                 lambda *args: None if causal_tile(*args) is None else tuple(2 * t for t in causal_tile(*args)),
+                 "differ from the tile's contributions")
     calls = []
 
-    def doubled_after_first(*args):                                  # right once, then wrong: the loop catches it
+    def doubled_after_diagnosis(*args):                                 # right per tile at first, then wrong
         calls.append(1)
-        dq, dk, dv = tile(*args)
-        return (dq, dk, dv) if len(calls) == 1 else (2 * dq, dk, dv)
+        parts = causal_tile(*args)
+        if parts is None or len(calls) <= 40:
+            return parts
+        return 2 * parts[0], parts[1], parts[2]
 
-    expect_error(nb11.check_tile_backward, doubled_after_first, "differs from autograd's")
-    expect_error(nb11.check_tile_backward, lambda *args: tile(*args)[:2], "three tensors")
-    expect_error(nb11.check_tile_backward, lambda *args: tuple(2 * t for t in tile(*args)), "differ from the tile's")
+    expect_error(nb11.check_causal_tile_backward, doubled_after_diagnosis, "differs from autograd's")
+
+
+def test_causal_tile_model_answer_matches_the_tests_own():
+    prob = nb11._causal_problem(7, 4, 2, seed=5)
+    for r, c in nb11._tiles(7, 3, 2):
+        args = nb11._tile_args(prob, r, c)
+        want, got = causal_tile(*args), nb11.causal_tile(*args)
+        assert (want is None) == (got is None)
+        if want is not None:
+            for a, b in zip(got, want):
+                torch.testing.assert_close(a, b)
 
 
 test_right_and_not_attempted = right_and_not_attempted_test(RIGHT, stub)

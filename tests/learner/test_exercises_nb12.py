@@ -9,6 +9,7 @@ from helpers import right_and_not_attempted_test
 
 from selfattn_lite.exercises import ExerciseError
 from selfattn_lite.exercises import nb12 as check
+from selfattn_lite.positions import rope_inv_freq, scaled_inv_freq
 
 
 def stub(*args, **kwargs):
@@ -151,6 +152,100 @@ def code_ramp(th, s, L):
 def test_yarn_paper_wrong(wrong, message):
     with pytest.raises(ExerciseError, match=message):
         check.check_yarn_paper(wrong)
+
+
+# ----------------------------------------------------------------------------- Llama 3.1's blend
+
+def llama3(theta, s, L, low, high, *, mistake=None):
+    """Llama 3.1's frequencies, pair by pair as Meta's apply_scaling writes them; or with one mistake."""
+    out = []
+    for f in theta.tolist():
+        wavelength = (1 / f) if mistake == "no_2pi" else 2 * math.pi / f
+        fast, slow = (L / low, L / high) if mistake == "swapped" else (L / high, L / low)
+        smooth = (L / wavelength - low) / (high - low)
+        if mistake == "swapped":
+            smooth = (L / wavelength - high) / (low - high)
+        if mistake == "wavelength":
+            smooth = (L / low - wavelength) / (L / low - L / high)
+        if mistake == "no_clamp":
+            out.append((1 - smooth) * f / s + smooth * f)
+        elif wavelength < fast:
+            out.append(f)
+        elif wavelength > slow:
+            out.append(f / s)
+        elif mistake == "reversed":
+            out.append((1 - smooth) * f + smooth * f / s)
+        else:
+            out.append((1 - smooth) * f / s + smooth * f)
+    return torch.tensor(out, dtype=torch.float64)
+
+
+RIGHT["llama3_inv_freq"] = check.check_llama3_inv_freq, llama3
+
+
+@pytest.mark.parametrize("wrong, message", [
+    (lambda th, s, L, lo, hi: llama3(th, s, L, lo, hi, mistake="swapped"), "boundaries are swapped"),
+    (lambda th, s, L, lo, hi: llama3(th, s, L, lo, hi, mistake="reversed"), "blend is reversed"),
+    (lambda th, s, L, lo, hi: llama3(th, s, L, lo, hi, mistake="wavelength"), "not in the wavelength"),
+    (lambda th, s, L, lo, hi: llama3(th, s, L, lo, hi, mistake="no_2pi"), "forgot the 2π"),
+    (lambda th, s, L, lo, hi: llama3(th, s, L, lo, hi, mistake="no_clamp"), "smooth leaves [0, 1]"),
+    (lambda th, s, L, lo, hi: th.clone(), "unscaled"),
+    (lambda th, s, L, lo, hi: th / s, "position interpolation"),
+    (lambda th, s, L, lo, hi: llama3(th, 8.0, 8192, 1.0, 4.0), "use the arguments"),
+    (lambda th, s, L, lo, hi: llama3(th, s, L, lo, hi) * 1.01, "expected θ where"),
+    (lambda th, s, L, lo, hi: llama3(th, s, L, lo, hi)[:-1], "shape"),
+])
+def test_llama3_inv_freq_wrong(wrong, message):
+    with pytest.raises(ExerciseError) as info:
+        check.check_llama3_inv_freq(wrong)
+    assert message in str(info.value), str(info.value)
+
+
+def test_llama3_answer_matches_the_package_at_llama_3_1s_shape():
+    theta = rope_inv_freq(128, 500000.0).double()
+    ours = llama3(theta, 8.0, 8192, 1.0, 4.0)
+    package = scaled_inv_freq(128, 500000.0, {"kind": "llama3", "factor": 8.0, "original_max_len": 8192})[0]
+    torch.testing.assert_close(ours, package.double(), rtol=1e-5, atol=1e-9)
+
+
+# ----------------------------------------------------------------------------- where NTK-aware breaks
+
+def ntk_break(d, base, s, L, *, mistake=None):
+    """The earliest position where a pair under one turn in L meets an angle beyond L * theta_i."""
+    exponent = 1 if mistake == "no_exponent" else d / (d - 2)
+    positions = []
+    for i in range(d // 2):
+        theta = base ** (-2 * i / d)
+        slowed = (base * s ** exponent) ** (-2 * i / d)
+        if mistake in ("all_pairs", "slowest_pair") or L * theta / (2 * math.pi) < 1:
+            positions.append(L * theta / slowed)
+    return positions[-1] if mistake == "slowest_pair" else min(positions)
+
+
+RIGHT["ntk_break"] = check.check_ntk_break, ntk_break
+
+
+@pytest.mark.parametrize("wrong, message", [
+    (lambda d, b, s, L: ntk_break(d, b, s, L, mistake="slowest_pair"), "slowest pair"),
+    (lambda d, b, s, L: ntk_break(d, b, s, L, mistake="all_pairs"), "already seen every angle"),
+    (lambda d, b, s, L: ntk_break(d, b, s, L, mistake="no_exponent"), "b · s^(d/(d−2)), not b · s"),
+    (lambda d, b, s, L: float(L), "already seen every angle"),       # pair 0 is kept by NTK: L, as all_pairs
+    (lambda d, b, s, L: ntk_break(16, 10000.0, 4.0, 512), "use the arguments"),
+    (lambda d, b, s, L: ntk_break(d, b, s, L) + 50, "expected the earliest"),
+    (lambda d, b, s, L: [ntk_break(d, b, s, L)], "return one number"),
+])
+def test_ntk_break_wrong(wrong, message):
+    with pytest.raises(ExerciseError) as info:
+        check.check_ntk_break(wrong)
+    assert message in str(info.value), str(info.value)
+
+
+def test_ntk_break_on_the_tiny_decoder_is_pair_4_and_the_saved_losses_rise_after_it():
+    position = ntk_break(16, 10000.0, 4.0, 512)
+    assert 1024 < position < 1280                                      # pair 4: 512 * 4^(8/14)
+    assert math.isclose(position, 512 * 4 ** (8 / 14), rel_tol=1e-12)
+    seen = check._ntk_measured(position)
+    assert seen["first_after"] == 1280 and seen["mean"] > seen["sd"] > 0
 
 
 test_right_and_not_attempted = right_and_not_attempted_test(RIGHT, stub)
