@@ -16,6 +16,7 @@ to separate attention from fixed-size-state models. Taught in notebook 16, secti
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import torch
 from torch import Tensor
@@ -23,7 +24,7 @@ from torch import Tensor
 from ._checks import check_positive_int
 
 __all__ = ["IGNORE_INDEX", "FILLER", "mqar", "key_range", "value_range", "query_distances", "NO_RECALL_STRATEGIES",
-           "no_recall_floor", "no_recall_scores", "query_retention"]
+           "no_recall_floor", "no_recall_loss", "no_recall_scores", "query_retention"]
 
 IGNORE_INDEX = -100   # F.cross_entropy's default ignore_index: no loss where targets hold it
 FILLER = 0            # the token between the queries
@@ -134,7 +135,7 @@ NO_RECALL_STRATEGIES = {
 def _stirling2(n: int, d: int) -> int:
     """Stirling number of the second kind: ways to split n labelled items into d non-empty groups."""
     row = [1] + [0] * d                                  # S(0, j)
-    for i in range(1, n + 1):
+    for _ in range(n):
         row = [0] + [j * row[j] + row[j - 1] for j in range(1, d + 1)]
     return row[d]
 
@@ -145,18 +146,19 @@ def _expected_max_count(n: int, m: int):
     P(c_max <= c) = n! [x^n] (sum_{j <= c} x^j / j!)^m / m^n (the exponential generating function of the
     ways to deal n labelled draws into m values, none more than c times).
     """
-    from fractions import Fraction
+    def times(a: list, b: list) -> list:                        # polynomial product, truncated at degree n
+        out = [Fraction(0)] * min(len(a) + len(b) - 1, n + 1)
+        for i, x in enumerate(a):
+            for j, y in enumerate(b[:n + 1 - i]):
+                out[i + j] += x * y
+        return out
 
     def at_most(c: int) -> Fraction:
-        egf = [Fraction(1, math.factorial(j)) for j in range(min(c, n) + 1)]
-        power = [Fraction(1)]                                  # (egf)^m, truncated at degree n
-        for _ in range(m):
-            nxt = [Fraction(0)] * min(len(power) + len(egf) - 1, n + 1)
-            for i, a in enumerate(power):
-                for j, b in enumerate(egf):
-                    if i + j <= n:
-                        nxt[i + j] += a * b
-            power = nxt
+        base, power, e = [Fraction(1, math.factorial(j)) for j in range(min(c, n) + 1)], [Fraction(1)], m
+        while e:                                               # (egf)^m by repeated squaring
+            if e & 1:
+                power = times(power, base)
+            base, e = times(base, base), e >> 1
         coeff = power[n] if len(power) > n else Fraction(0)
         return coeff * math.factorial(n) / Fraction(m) ** n
 
@@ -169,8 +171,8 @@ def no_recall_floor(n_pairs: int, vocab_size: int) -> dict[str, float]:
 
     A model that does not associate a query's key with its value can still use what the row shows: its
     values come from the m = vocab_size - vocab_size // 2 value tokens, and each of the row's n pairs
-    is asked once, so the answer is a uniformly chosen pair's value. Values are drawn with replacement, so a value can sit in
-    several pairs (D distinct values, the most frequent one c_max times). Per strategy
+    is asked once, so the answer is a uniformly chosen pair's value. Values are drawn with replacement,
+    so a value can sit in several pairs (D distinct values, the most frequent one c_max times). Per strategy
     (``NO_RECALL_STRATEGIES``), the expected share of queries answered exactly:
 
         uniform_vocab    1 / vocab_size
@@ -190,8 +192,6 @@ def no_recall_floor(n_pairs: int, vocab_size: int) -> dict[str, float]:
 
     Taught in notebook 16, "The floor: what recalling nothing scores".
     """
-    from fractions import Fraction
-
     check_positive_int("n_pairs", n_pairs)
     check_positive_int("vocab_size", vocab_size)
     _check_mqar(1, 4 * n_pairs, n_pairs, vocab_size)
@@ -203,6 +203,35 @@ def no_recall_floor(n_pairs: int, vocab_size: int) -> dict[str, float]:
     out = {name: float(p) for name, p in out.items()}
     out["floor"] = max(out.values())
     return out
+
+
+def no_recall_loss(n_pairs: int, vocab_size: int) -> float:
+    """The smallest cross-entropy (nats per query) a model reaches on ``mqar`` rows without recall.
+
+    Without the key's association, the best a model can say about the answer is what the row's pairs show:
+    each of the n values is the answer with chance (its count) / n. That prediction's loss on the asked
+    value is log(n / c), c = 1 + B its count (the asked pair and B ~ Binomial(n - 1, 1 / m) others that
+    drew the same value), so
+
+        E[loss] = sum_b P(B = b) log(n / (1 + b)).
+
+    A run whose training loss stays above it has not learned any recall; ln m is the loss of a uniform guess
+    among the m value tokens.
+
+    Args:
+        n_pairs: key-value pairs per row. vocab_size: as given to ``mqar``.
+
+    Returns:
+        The expected loss in nats.
+
+    Taught in notebook 16, "The floor: what recalling nothing scores".
+    """
+    check_positive_int("n_pairs", n_pairs)
+    check_positive_int("vocab_size", vocab_size)
+    _check_mqar(1, 4 * n_pairs, n_pairs, vocab_size)
+    n, m = n_pairs, len(value_range(vocab_size))
+    return sum(math.comb(n - 1, b) * (1 / m) ** b * (1 - 1 / m) ** (n - 1 - b) * math.log(n / (1 + b))
+               for b in range(n))
 
 
 def no_recall_scores(inputs: Tensor, targets: Tensor, vocab_size: int) -> dict[str, Tensor]:
