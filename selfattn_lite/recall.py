@@ -10,7 +10,13 @@ place, followed by its value, and the model must predict that value at the key's
 Keys are drawn without replacement from ``1 .. vocab_size // 2 - 1`` (distinct within a row), values with
 replacement from ``vocab_size // 2 .. vocab_size - 1`` (the two halves of the vocabulary are disjoint, so
 a value never looks like a key); token 0 fills the gaps. Arora et al. (2023, "Zoology") introduced the task
-to separate attention from fixed-size-state models. Taught in notebook 16, section 1.
+to separate attention from fixed-size-state models; their generator draws values without replacement, fills the
+gaps with random tokens and places queries by a power law, so its rows differ from these. Taught in notebook 16,
+section 1.
+
+What a model scores without any recall (the floor an accuracy is read against): ``no_recall_floor`` (exact, per
+strategy), ``no_recall_scores`` (each strategy scored on given rows), ``no_recall_loss`` (the least cross-entropy).
+``query_retention``: how much of the asked value a decaying state still holds at each query.
 """
 
 from __future__ import annotations

@@ -7,7 +7,14 @@ import random
 import pytest
 import torch
 
-from selfattn_lite.recall import IGNORE_INDEX, mqar, no_recall_floor, no_recall_scores, query_retention
+from selfattn_lite.recall import (
+    IGNORE_INDEX,
+    mqar,
+    no_recall_floor,
+    no_recall_loss,
+    no_recall_scores,
+    query_retention,
+)
 from selfattn_lite.recurrent import delta_rule
 
 
@@ -55,6 +62,18 @@ def test_scores_on_the_evaluation_rows_match_the_formula():
             assert abs(scores[name][asked].mean().item() - exact[name]) < 0.01, (n, name)
         assert (scores["strike_asked"][asked].mean() > scores["most_frequent"][asked].mean()).item()
         assert (scores["most_frequent"][~asked] == 0).all()
+
+
+@pytest.mark.parametrize("n", [1, 4, 16])
+def test_no_recall_loss_is_the_loss_of_predicting_each_value_by_its_share(n):
+    """On 3000 drawn rows, -log(count of the answer / n), averaged: the loss of that prediction, by simulation."""
+    inputs, targets = mqar(3000, 4 * n, n, 64, generator=torch.Generator().manual_seed(n))
+    asked = targets != IGNORE_INDEX
+    share = no_recall_scores(inputs, targets, 64)["seen_slot"][asked]          # count / n of each answer
+    losses = -share.log()
+    se = losses.std().item() / math.sqrt(len(losses))
+    assert abs(losses.mean().item() - no_recall_loss(n, 64)) < 4 * se + 1e-12
+    assert no_recall_loss(n, 64) <= math.log(n) + 1e-12                        # at most a uniform pick among n
 
 
 def test_scores_of_one_hand_made_row():
