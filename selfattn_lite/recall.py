@@ -10,17 +10,27 @@ place, followed by its value, and the model must predict that value at the key's
 Keys are drawn without replacement from ``1 .. vocab_size // 2 - 1`` (distinct within a row), values with
 replacement from ``vocab_size // 2 .. vocab_size - 1`` (the two halves of the vocabulary are disjoint, so
 a value never looks like a key); token 0 fills the gaps. Arora et al. (2023, "Zoology") introduced the task
-to separate attention from fixed-size-state models. Taught in notebook 16, section 1.
+to separate attention from fixed-size-state models; their generator draws values without replacement, fills the
+gaps with random tokens and places queries by a power law, so its rows differ from these. Taught in notebook 16,
+section 1.
+
+What a model scores without any recall (the floor an accuracy is read against): ``no_recall_floor`` (exact, per
+strategy), ``no_recall_scores`` (each strategy scored on given rows), ``no_recall_loss`` (the least cross-entropy).
+``query_retention``: how much of the asked value a decaying state still holds at each query.
 """
 
 from __future__ import annotations
+
+import math
+from fractions import Fraction
 
 import torch
 from torch import Tensor
 
 from ._checks import check_positive_int
 
-__all__ = ["IGNORE_INDEX", "FILLER", "mqar", "key_range", "value_range", "query_distances"]
+__all__ = ["IGNORE_INDEX", "FILLER", "mqar", "key_range", "value_range", "query_distances", "NO_RECALL_STRATEGIES",
+           "no_recall_floor", "no_recall_loss", "no_recall_scores", "query_retention"]
 
 IGNORE_INDEX = -100   # F.cross_entropy's default ignore_index: no loss where targets hold it
 FILLER = 0            # the token between the queries
@@ -113,3 +123,192 @@ def query_distances(inputs: Tensor, targets: Tensor) -> Tensor:
         key_at = (inputs[b] == inputs[b, t]).nonzero()[0, 0].item()     # the key's first appearance
         out[b, t] = t - (key_at + 1)                                     # its value sits right after it
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The floor: what a model scores that recalls nothing
+# ---------------------------------------------------------------------------------------------
+
+NO_RECALL_STRATEGIES = {
+    "uniform_vocab": "any token, uniformly: 1 / vocab_size",
+    "uniform_values": "any value token, uniformly: 1 / m (m value tokens, the upper half of the vocabulary)",
+    "seen_distinct": "one of the distinct values of the row's pairs, uniformly: E[1 / D]",
+    "seen_slot": "the value of a uniformly chosen pair of the row: (1 + (n - 1) / m) / n",
+    "most_frequent": "the most frequent value of the row's pairs (ties uniformly): E[c_max] / n",
+}
+
+
+def _stirling2(n: int, d: int) -> int:
+    """Stirling number of the second kind: ways to split n labelled items into d non-empty groups."""
+    row = [1] + [0] * d                                  # S(0, j)
+    for _ in range(n):
+        row = [0] + [j * row[j] + row[j - 1] for j in range(1, d + 1)]
+    return row[d]
+
+
+def _expected_max_count(n: int, m: int):
+    """E[largest multiplicity] of n values drawn uniformly with replacement from m, as a Fraction.
+
+    P(c_max <= c) = n! [x^n] (sum_{j <= c} x^j / j!)^m / m^n (the exponential generating function of the
+    ways to deal n labelled draws into m values, none more than c times).
+    """
+    def times(a: list, b: list) -> list:                        # polynomial product, truncated at degree n
+        out = [Fraction(0)] * min(len(a) + len(b) - 1, n + 1)
+        for i, x in enumerate(a):
+            for j, y in enumerate(b[:n + 1 - i]):
+                out[i + j] += x * y
+        return out
+
+    def at_most(c: int) -> Fraction:
+        base, power, e = [Fraction(1, math.factorial(j)) for j in range(min(c, n) + 1)], [Fraction(1)], m
+        while e:                                               # (egf)^m by repeated squaring
+            if e & 1:
+                power = times(power, base)
+            base, e = times(base, base), e >> 1
+        coeff = power[n] if len(power) > n else Fraction(0)
+        return coeff * math.factorial(n) / Fraction(m) ** n
+
+    cdf = [at_most(c) for c in range(n + 1)]                      # cdf[0] = 0, cdf[n] = 1
+    return sum(c * (cdf[c] - cdf[c - 1]) for c in range(1, n + 1))
+
+
+def no_recall_floor(n_pairs: int, vocab_size: int) -> dict[str, float]:
+    """What a model scores on ``mqar`` rows without recalling any key's value, exactly, per strategy.
+
+    A model that does not associate a query's key with its value can still use what the row shows: its
+    values come from the m = vocab_size - vocab_size // 2 value tokens, and each of the row's n pairs
+    is asked once, so the answer is a uniformly chosen pair's value. Values are drawn with replacement,
+    so a value can sit in several pairs (D distinct values, the most frequent one c_max times). Per strategy
+    (``NO_RECALL_STRATEGIES``), the expected share of queries answered exactly:
+
+        uniform_vocab    1 / vocab_size
+        uniform_values   1 / m
+        seen_distinct    E[1 / D],    P(D = d) = C(m, d) S(n, d) d! / m^n     (S: Stirling, 2nd kind)
+        seen_slot        (1 + (n - 1) / m) / n     (the asked pair, or another pair with the same value)
+        most_frequent    E[c_max] / n,  P(c_max <= c) = n! [x^n] (sum_{j<=c} x^j / j!)^m / m^n
+
+    and ``floor``, the largest of them (``most_frequent``: c_max / n >= every other share, row by row).
+    ``no_recall_scores`` measures the same strategies on given rows.
+
+    Args:
+        n_pairs: key-value pairs per row. vocab_size: as given to ``mqar`` (>= 2 (n_pairs + 1)).
+
+    Returns:
+        {strategy: expected accuracy} for the five strategies, plus "floor".
+
+    Taught in notebook 16, "The floor: what recalling nothing scores".
+    """
+    check_positive_int("n_pairs", n_pairs)
+    check_positive_int("vocab_size", vocab_size)
+    _check_mqar(1, 4 * n_pairs, n_pairs, vocab_size)
+    n, m = n_pairs, len(value_range(vocab_size))
+    distinct = sum(Fraction(math.comb(m, d) * _stirling2(n, d) * math.factorial(d), m ** n) / d
+                   for d in range(1, min(n, m) + 1))
+    out = {"uniform_vocab": Fraction(1, vocab_size), "uniform_values": Fraction(1, m), "seen_distinct": distinct,
+           "seen_slot": (1 + Fraction(n - 1, m)) / n, "most_frequent": _expected_max_count(n, m) / n}
+    out = {name: float(p) for name, p in out.items()}
+    out["floor"] = max(out.values())
+    return out
+
+
+def no_recall_loss(n_pairs: int, vocab_size: int) -> float:
+    """The smallest cross-entropy (nats per query) a model reaches on ``mqar`` rows without recall.
+
+    Without the key's association, the best a model can say about the answer is what the row's pairs show:
+    each of the n values is the answer with chance (its count) / n. That prediction's loss on the asked
+    value is log(n / c), c = 1 + B its count (the asked pair and B ~ Binomial(n - 1, 1 / m) others that
+    drew the same value), so
+
+        E[loss] = sum_b P(B = b) log(n / (1 + b)).
+
+    A run whose training loss stays above it has not learned any recall; ln m is the loss of a uniform guess
+    among the m value tokens.
+
+    Args:
+        n_pairs: key-value pairs per row. vocab_size: as given to ``mqar``.
+
+    Returns:
+        The expected loss in nats.
+
+    Taught in notebook 16, "The floor: what recalling nothing scores".
+    """
+    check_positive_int("n_pairs", n_pairs)
+    check_positive_int("vocab_size", vocab_size)
+    _check_mqar(1, 4 * n_pairs, n_pairs, vocab_size)
+    n, m = n_pairs, len(value_range(vocab_size))
+    return sum(math.comb(n - 1, b) * (1 / m) ** b * (1 - 1 / m) ** (n - 1 - b) * math.log(n / (1 + b))
+               for b in range(n))
+
+
+def no_recall_scores(inputs: Tensor, targets: Tensor, vocab_size: int) -> dict[str, Tensor]:
+    """Each no-recall strategy's chance of answering each query of given ``mqar`` rows.
+
+    The strategies of ``no_recall_floor``, each scored by its exact chance on the row (no random draw), plus
+    ``strike_asked``: the most frequent value among the pairs *not yet asked* (the earlier queries of the
+    row show which keys, and so which values, are gone). That one reads the queries seen so far, a memory
+    of which values were asked but no association of a key with its value; it is not part of the floor.
+
+    Args:
+        inputs, targets: (B, T) from ``mqar``. vocab_size: as given to ``mqar``.
+
+    Returns:
+        {strategy: (B, T) float64}, the chance at each query position, 0 elsewhere; the mean over the
+        queries, ``scores[s][targets != -100].mean()``, is the strategy's accuracy on these rows.
+
+    Taught in notebook 16, "The floor: what recalling nothing scores".
+    """
+    if inputs.shape != targets.shape or inputs.dim() != 2:
+        raise ValueError(f"inputs {tuple(inputs.shape)} and targets {tuple(targets.shape)} must both be (B, T)")
+    m = len(value_range(vocab_size))
+    asked = targets != IGNORE_INDEX
+    scores = {name: torch.zeros(inputs.shape, dtype=torch.float64)
+              for name in (*NO_RECALL_STRATEGIES, "strike_asked")}
+    for b in range(inputs.shape[0]):
+        queries = asked[b].nonzero().flatten().tolist()
+        n = len(queries)
+        values = inputs[b, 1:2 * n:2].tolist()                        # the pairs' values
+        counts = {value: values.count(value) for value in values}
+        c_max = max(counts.values())
+        remaining = dict(counts)
+        for t in queries:                                            # in the order the row asks them
+            target = targets[b, t].item()
+            c = counts.get(target, 0)
+            scores["uniform_vocab"][b, t] = 1 / vocab_size
+            scores["uniform_values"][b, t] = 1 / m
+            scores["seen_distinct"][b, t] = (target in counts) / len(counts)
+            scores["seen_slot"][b, t] = c / n
+            scores["most_frequent"][b, t] = (c == c_max) / sum(x == c_max for x in counts.values())
+            top = max(remaining.values())
+            tied = [value for value, x in remaining.items() if x == top]
+            scores["strike_asked"][b, t] = (target in tied) / len(tied)
+            remaining[target] -= 1                                   # this pair is asked now: gone
+            if remaining[target] == 0:
+                del remaining[target]
+    return scores
+
+
+def query_retention(log_decay: Tensor, inputs: Tensor, targets: Tensor) -> Tensor:
+    """How much of the value each query asks for a decaying state still holds: exp(g_{p+1} + ... + g_t).
+
+    A gated state is multiplied by exp(g_r) at every step r (Gated DeltaNet's exp(g), S6's exp(delta A));
+    what was written at the value's position p is left, at the query t, times exp(g_{p+1} + ... + g_t)
+    (notebook 16, exercise 1), whatever else is written on orthogonal keys.
+
+    Args:
+        log_decay: (B, c, T) log-decays g <= 0 of c heads or channels. inputs, targets: (B, T) from ``mqar``.
+
+    Returns:
+        (B, c, T): the retention of the asked value at each query position, 0 elsewhere.
+
+    Taught in notebook 16, "How far back a decaying state reaches".
+    """
+    if log_decay.dim() != 3 or log_decay.shape[0] != inputs.shape[0] or log_decay.shape[-1] != inputs.shape[-1]:
+        raise ValueError(f"log_decay {tuple(log_decay.shape)} must be (B, c, T) with (B, T) = "
+                         f"{tuple(inputs.shape)} of inputs")
+    distance = query_distances(inputs, targets)                          # (B, T), -1 off the queries
+    cumulative = log_decay.double().cumsum(dim=-1)                       # (B, c, T): g_1 + ... + g_t
+    t = torch.arange(inputs.shape[-1])
+    p = torch.where(distance >= 0, t - distance, t)                      # the value's position (t off the queries)
+    at_value = cumulative.gather(-1, p[:, None, :].expand_as(cumulative))
+    out = torch.exp(cumulative - at_value)
+    return out * (distance >= 0)[:, None, :]

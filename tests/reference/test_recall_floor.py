@@ -1,0 +1,117 @@
+"""The no-recall floor of MQAR: each exact formula of recall.no_recall_floor against a simulation with its own
+random draws, the per-row scores against hand-made rows, and query_retention against the delta rule itself."""
+
+import math
+import random
+
+import pytest
+import torch
+
+from selfattn_lite.recall import (
+    IGNORE_INDEX,
+    mqar,
+    no_recall_floor,
+    no_recall_loss,
+    no_recall_scores,
+    query_retention,
+)
+from selfattn_lite.recurrent import delta_rule
+
+
+def simulate(n, m, rows=40000, seed=0):
+    """Monte-Carlo accuracy of each strategy, drawing n values with replacement from m, by plain Python."""
+    rng = random.Random(seed)
+    totals = dict(seen_distinct=0.0, seen_slot=0.0, most_frequent=0.0)
+    for _ in range(rows):
+        values = [rng.randrange(m) for _ in range(n)]
+        asked = values[rng.randrange(n)]                      # the query of a uniformly chosen pair
+        counts = {x: values.count(x) for x in values}
+        totals["seen_distinct"] += rng.choice(sorted(counts)) == asked
+        totals["seen_slot"] += values[rng.randrange(n)] == asked
+        top = max(counts.values())
+        totals["most_frequent"] += rng.choice([x for x, c in counts.items() if c == top]) == asked
+    return {name: total / rows for name, total in totals.items()}
+
+
+@pytest.mark.parametrize("n, vocab", [(4, 64), (8, 64), (16, 64), (6, 14), (3, 8)])
+def test_formulas_match_a_simulation(n, vocab):
+    exact, sim = no_recall_floor(n, vocab), simulate(n, vocab // 2)
+    for name, p in sim.items():
+        se = math.sqrt(exact[name] * (1 - exact[name]) / 40000)
+        assert abs(p - exact[name]) < 4 * se, (name, p, exact[name])
+    assert exact["uniform_vocab"] == 1 / vocab and exact["uniform_values"] == 1 / (vocab // 2)
+    assert exact["floor"] == exact["most_frequent"] == max(exact.values())
+
+
+def test_closed_forms_at_small_sizes():
+    f = no_recall_floor(2, 8)                                   # m = 4 values, 2 pairs: same value with chance 1/4
+    assert math.isclose(f["seen_slot"], (1 + 1 / 4) / 2)
+    assert math.isclose(f["seen_distinct"], 1 / 4 * 1 + 3 / 4 * 1 / 2)
+    assert math.isclose(f["most_frequent"], 1 / 4 * 1 + 3 / 4 * 1 / 2)
+    assert no_recall_floor(1, 8)["floor"] == 1.0               # one pair: its value is the answer
+
+
+def test_scores_on_the_evaluation_rows_match_the_formula():
+    """The rows the shipped records were scored on (seed 12345, 512 rows, 4 8 12 16 pairs in turn)."""
+    gen = torch.Generator().manual_seed(12345)
+    for n in (4, 8, 12, 16):
+        inputs, targets = mqar(512, 64, n, 64, generator=gen)
+        scores, asked = no_recall_scores(inputs, targets, 64), targets != IGNORE_INDEX
+        exact = no_recall_floor(n, 64)
+        for name in ("seen_distinct", "seen_slot", "most_frequent"):
+            assert abs(scores[name][asked].mean().item() - exact[name]) < 0.01, (n, name)
+        assert (scores["strike_asked"][asked].mean() > scores["most_frequent"][asked].mean()).item()
+        assert (scores["most_frequent"][~asked] == 0).all()
+
+
+@pytest.mark.parametrize("n", [1, 4, 16])
+def test_no_recall_loss_is_the_loss_of_predicting_each_value_by_its_share(n):
+    """On 3000 drawn rows, -log(count of the answer / n), averaged: the loss of that prediction, by simulation."""
+    inputs, targets = mqar(3000, 4 * n, n, 64, generator=torch.Generator().manual_seed(n))
+    asked = targets != IGNORE_INDEX
+    share = no_recall_scores(inputs, targets, 64)["seen_slot"][asked]          # count / n of each answer
+    losses = -share.log()
+    se = losses.std().item() / math.sqrt(len(losses))
+    assert abs(losses.mean().item() - no_recall_loss(n, 64)) < 4 * se + 1e-12
+    assert no_recall_loss(n, 64) <= math.log(n) + 1e-12                        # at most a uniform pick among n
+
+
+def test_scores_of_one_hand_made_row():
+    # pairs (1, 9) (2, 9) (3, 12), then queries 2, 3, 1: values 9 9 12, the mode 9 twice
+    inputs = torch.tensor([[1, 9, 2, 9, 3, 12, 2, 9, 3, 12, 1, 9]])
+    targets = torch.full_like(inputs, IGNORE_INDEX)
+    targets[0, [6, 8, 10]] = torch.tensor([9, 12, 9])
+    s = no_recall_scores(inputs, targets, 16)
+    assert s["most_frequent"][0, [6, 8, 10]].tolist() == [1.0, 0.0, 1.0]
+    assert s["seen_slot"][0, [6, 8, 10]].tolist() == [2 / 3, 1 / 3, 2 / 3]
+    assert s["seen_distinct"][0, [6, 8, 10]].tolist() == [0.5, 0.5, 0.5]
+    # strike: first 9 (mode of 9 9 12), then {9, 12} tie -> 12 half, then only 9 left
+    assert s["strike_asked"][0, [6, 8, 10]].tolist() == [1.0, 0.5, 1.0]
+
+
+def test_retention_is_what_the_gated_delta_rule_keeps():
+    """Write a value at its position with beta = 1 on a key orthogonal to every later one: the state returns
+    exp(g_{p+1} + ... + g_t) of it at the query, the retention query_retention predicts."""
+    inputs, targets = mqar(1, 24, 3, 16, generator=torch.Generator().manual_seed(4))
+    T = inputs.shape[1]
+    g = -torch.rand(1, 1, T, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    retention = query_retention(g, inputs, targets)[0, 0]
+    keys = torch.eye(T, dtype=torch.float64)[None, None]                    # orthogonal unit keys
+    v = torch.randn(1, 1, T, 2, dtype=torch.float64)
+    for t in (targets[0] != IGNORE_INDEX).nonzero().flatten().tolist():
+        p = (inputs[0] == inputs[0, t]).nonzero()[0, 0].item() + 1           # the value after the key's first place
+        _, S = delta_rule(keys[:, :, :t + 1], keys[:, :, :t + 1], v[:, :, :t + 1], torch.ones(1, 1, t + 1,
+                          dtype=torch.float64), g=g[..., :t + 1], return_state=True)
+        kept = (keys[0, 0, p] @ S[0, 0]).norm() / v[0, 0, p].norm()
+        assert math.isclose(kept.item(), retention[t].item(), rel_tol=1e-9)
+    assert (retention[targets[0] == IGNORE_INDEX] == 0).all()
+
+
+def test_bad_rows_are_named():
+    inputs, targets = mqar(2, 16, 2, 8, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match=r"\(2, 16\).*\(2, 15\)"):
+        no_recall_scores(inputs, targets[:, :-1], 8)
+    with pytest.raises(ValueError, match=r"log_decay \(2, 1, 15\)"):
+        query_retention(torch.zeros(2, 1, 15), inputs, targets)
+    with pytest.raises(ValueError, match="n_pairs must be a positive int"):
+        no_recall_floor(0, 64)
