@@ -148,7 +148,7 @@ def max_sequence_length(n_devices: int, gib_per_device: float, *, d_model: int, 
       checkpoint=False: n_layers * A;
     * the backward's peak: the gradients of one layer's activations, A more;
     * what attention's parallelism adds at that peak, per token of the device's shard:
-      single: nothing;
+      single (and any strategy on N = 1): nothing;
       ring: the K/V block in use and the one arriving, and the dK, dV accumulators travelling with
       them: 8 d_kv;
       Ulysses: q, out (h/N heads) and k, v (R h_kv/N heads) over all L rows, and their gradients:
@@ -182,8 +182,10 @@ def max_sequence_length(n_devices: int, gib_per_device: float, *, d_model: int, 
         copies = kv_replication(n_heads, n_kv_heads, n)
     except ValueError:
         copies = None                                                   # the query heads cap the degree
-    per_token = {"single": base * bytes_per_value, "ring": (base + 8 * d_kv) * bytes_per_value,
-                 "ulysses": None if copies is None else (base + 4 * d_model + 4 * copies * d_kv) * bytes_per_value}
+    spread = n > 1                                                      # one device: nothing travels
+    per_token = {"single": base * bytes_per_value, "ring": (base + spread * 8 * d_kv) * bytes_per_value,
+                 "ulysses": None if copies is None else
+                 (base + spread * (4 * d_model + 4 * copies * d_kv)) * bytes_per_value}
     return {"single": int(budget / per_token["single"]) // 2 * 2, "ring": down(budget * n / per_token["ring"]),
             "ulysses": None if copies is None else down(budget * n / per_token["ulysses"]),
             "bytes_per_token": per_token}
