@@ -86,7 +86,7 @@ def mla_weight_values(*, d_model: int, n_heads: int, kv_lora_rank: int, qk_nope_
     Returns:
         {name: values} with names "w_uk", "w_uv", "o_proj" (naive, absorbed) or "w_uk", "w_o_uv" (folded).
 
-    Taught in notebook 13, "1. Multi-head latent attention" (serving it: the bytes of a decode step).
+    Taught in notebook 13, "1. Multi-head latent attention".
     """
     _check_form(form)
     for name, n in (("d_model", d_model), ("n_heads", n_heads), ("kv_lora_rank", kv_lora_rank),
@@ -114,7 +114,7 @@ def mla_decode_bytes(n_tokens: int, *, d_model: int, n_heads: int, kv_lora_rank:
         {"cache": bytes of the cache, "keys_values": bytes of expanded keys and values (0 unless naive),
         "weights": bytes of the weights (``mla_weight_values``), "total": their sum}.
 
-    Taught in notebook 13, "1. Multi-head latent attention" (serving it: the bytes of a decode step).
+    Taught in notebook 13, "1. Multi-head latent attention".
     """
     n_tokens = check_int("n_tokens", n_tokens, low=0)
     check_positive_int("qk_rope_head_dim", qk_rope_head_dim)
@@ -143,7 +143,7 @@ def mla_decode_flops(n_queries: int, n_tokens: int, *, d_model: int, n_heads: in
     The expansion grows with S and not with L: per query it is paid once for every query in the
     block, so it is cheap in prefill (L = S) and the whole cost of decode (L = 1).
 
-    Taught in notebook 13, "1. Multi-head latent attention" (when to absorb).
+    Taught in notebook 13, "1. Multi-head latent attention".
     """
     _check_form(form)
     L = check_int("n_queries", n_queries, low=0)

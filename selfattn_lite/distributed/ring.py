@@ -72,7 +72,7 @@ def block_attention_backward(q: Tensor, k: Tensor, v: Tensor, lse: Tensor, delta
     Returns:
         dq (..., Lq, E), dk (..., Lk, E), dv (..., Lk, Ev): this block's contributions.
 
-    Taught in notebook 14, "Run it for real" (the ring's backward) and its exercise 5.
+    Taught in notebook 14, "Run it for real" (used in its exercise 5, the ring's backward in one process).
     """
     s = (q @ k.transpose(-2, -1)) * scale                                # (..., Lq, Lk)
     if mask is not None:
