@@ -5,8 +5,10 @@ FlexAttention (Dong et al., 2024) takes attention variants as two small function
 * ``mask_mod(b, h, q_idx, kv_idx) -> bool``: may query q_idx attend to key kv_idx?
 * ``score_mod(score, b, h, q_idx, kv_idx) -> score``: change one scaled score q.k / sqrt(E).
 
-``create_block_mask`` evaluates the mask_mod once per block of 128 x 128 (query, key) pairs and
-records which blocks are empty (skipped), full (no masking needed) or partial. A fused kernel
+``create_block_mask`` evaluates the mask_mod for every (query, key) pair (``create_mask``: the function
+vmapped over the whole B x H x L x S grid), then sums the dense mask per block of 128 x 128 pairs
+(``_convert_mask_to_block_mask``) and records which blocks are empty (skipped), full (no masking
+needed) or partial. A fused kernel
 (``torch.compile(flex_attention)``, on a GPU) then never touches the empty blocks.
 
 Here everything runs eagerly on the CPU, which torch allows for checking: eager flex_attention
@@ -106,6 +108,9 @@ def alibi_score_mod(n_heads: int):
 def block_mask(mask_mod, L: int, S: int | None = None, *, B: int | None = None, H: int | None = None,
                block_size: int = 128, device: torch.device | str | None = None):
     """``create_block_mask``: which (query block, key block) tiles hold any allowed pair.
+
+    torch evaluates ``mask_mod`` on every (q_idx, kv_idx) pair, then counts the allowed pairs of each tile:
+    none = skipped, all = full, some = partial (the kernel applies mask_mod inside those).
 
     Args:
         mask_mod: as above. L, S: queries and keys. B, H: None = the same mask for every

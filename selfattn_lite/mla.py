@@ -13,10 +13,13 @@ the latent, ``kv_a_layernorm``, that the released models apply and the paper's e
     y_t   = W^O [o_t,1 ; ... ; o_t,h]
 
 Only c^KV and k^R are cached: (kv_lora_rank + qk_rope_head_dim) values per token and layer,
-whatever the number of heads. Because q^C . (W^UK c) = (W^UK^T q^C) . c, the key
-up-projection can be folded into the query ("absorbed") and the value up-projection into
-the output projection; attention then runs directly over the cached latents, like MQA
-with one shared key [c ; k^R] and one shared value c. Both forms give the same output.
+whatever the number of heads. Served as DeepSeek-V3's ``inference/model.py`` (``attn_impl = "absorb"``)
+and vLLM's MLA decode path serve it ("absorbed"): because q^C . (W^UK c) = (W^UK^T q^C) . c, each head's
+query is carried into the latent space, attention runs over the cached latents directly (one key
+[c ; k^R] and one value c shared by every head, like MQA with wide heads), and each head's latent output
+goes through its own W^UV_i, then W^O. Both forms give the same output. The naive form (expand every
+cached latent into h keys and values) is what vLLM runs for prefill, where the step is compute-bound
+and the narrower heads (qk_nope + qk_rope < kv_lora_rank + qk_rope) cost fewer FLOPs.
 
 Names follow the Hugging Face DeepSeek-V2/V3 configs: ``kv_lora_rank``, ``q_lora_rank``,
 ``qk_nope_head_dim``, ``qk_rope_head_dim``, ``v_head_dim``; the submodules are named like
@@ -36,7 +39,8 @@ from .kv_cache import TokenCache
 from .masks import causal_mask
 from .positions import RotaryEmbedding
 
-__all__ = ["MLACache", "MultiHeadLatentAttention", "mla_cache_bytes", "mla_decode_bytes"]
+__all__ = ["MLACache", "MultiHeadLatentAttention", "mla_cache_bytes", "mla_decode_bytes", "mla_decode_flops",
+           "mla_weight_values"]
 
 
 def mla_cache_bytes(n_layers: int, kv_lora_rank: int, qk_rope_head_dim: int, n_tokens: int = 1, batch: int = 1,
@@ -57,33 +61,104 @@ def mla_cache_bytes(n_layers: int, kv_lora_rank: int, qk_rope_head_dim: int, n_t
     return int(round((kv_lora_rank + qk_rope_head_dim) * n_layers * n_tokens * batch * bytes_per_value))
 
 
-def mla_decode_bytes(n_tokens: int, *, n_heads: int, kv_lora_rank: int, qk_nope_head_dim: int,
-                     qk_rope_head_dim: int, v_head_dim: int, absorbed: bool, bytes_per_value: float = 2) -> dict:
-    """Bytes one decode step of one MLA layer reads over a cache of ``n_tokens``, for one sequence.
+FORMS = ("naive", "absorbed", "folded")
 
-    Both forms read the cache itself: n_tokens x (kv_lora_rank + qk_rope_head_dim) values. What
-    attention then reads as keys and values differs:
+
+def _check_form(form: str) -> None:
+    if form not in FORMS:
+        raise ValueError(f"form must be one of {FORMS}, got {form!r}")
+
+
+def mla_weight_values(*, d_model: int, n_heads: int, kv_lora_rank: int, qk_nope_head_dim: int, v_head_dim: int,
+                      form: str = "absorbed") -> dict:
+    """The values of the weight matrices one MLA layer reads after attention's latents, per form.
+
+    The query and latent projections (``q_proj``, ``kv_a_proj_with_mqa``) are the same in every form
+    and left out. What differs:
+
+    * naive and absorbed: W^UK (h, nope, d_c) and W^UV (h, v, d_c), i.e. ``kv_b_proj``, and W^O (d, h v);
+    * folded: W^UK and the product W^O_i W^UV_i, one (d, d_c) matrix per head: d h d_c values, which
+      replaces W^UV and W^O (h v d_c + d h v values) and is larger whenever d_c > v.
+
+    Example (DeepSeek-V2: d 5120, h 128, d_c 512, v 128): W^UV 8.4M + W^O 83.9M = 92.3M values,
+    the fold 335.5M (3.6 times as many; 640 MiB per layer in bf16).
+
+    Returns:
+        {name: values} with names "w_uk", "w_uv", "o_proj" (naive, absorbed) or "w_uk", "w_o_uv" (folded).
+
+    Taught in notebook 13, "1. Multi-head latent attention".
+    """
+    _check_form(form)
+    for name, n in (("d_model", d_model), ("n_heads", n_heads), ("kv_lora_rank", kv_lora_rank),
+                    ("qk_nope_head_dim", qk_nope_head_dim), ("v_head_dim", v_head_dim)):
+        check_positive_int(name, n)
+    w_uk = n_heads * qk_nope_head_dim * kv_lora_rank
+    if form == "folded":
+        return {"w_uk": w_uk, "w_o_uv": d_model * n_heads * kv_lora_rank}
+    return {"w_uk": w_uk, "w_uv": n_heads * v_head_dim * kv_lora_rank, "o_proj": d_model * n_heads * v_head_dim}
+
+
+def mla_decode_bytes(n_tokens: int, *, d_model: int, n_heads: int, kv_lora_rank: int, qk_nope_head_dim: int,
+                     qk_rope_head_dim: int, v_head_dim: int, form: str = "absorbed",
+                     bytes_per_value: float = 2) -> dict:
+    """Bytes one decode step (one new token) of one MLA layer reads over a cache of ``n_tokens``, one sequence.
+
+    Every form reads the cache, n_tokens x (kv_lora_rank + qk_rope_head_dim) values, and the weights of
+    ``mla_weight_values``. What attention then reads as keys and values differs:
 
     * naive: every cached latent is expanded into h keys (qk_nope + qk_rope wide) and values
       (v_head_dim): n_tokens x h x (qk_nope + qk_rope + v) values, written and then read;
-    * absorbed: attention reads the latents themselves, the key [c ; k^R] and the value c:
-      nothing beyond the cache.
+    * absorbed and folded: attention reads the latents themselves: nothing beyond the cache.
 
     Returns:
-        {"cache": bytes read from the cache, "keys_values": bytes of keys and values attention reads,
-        "total": cache + keys_values (naive) or cache (absorbed)}.
+        {"cache": bytes of the cache, "keys_values": bytes of expanded keys and values (0 unless naive),
+        "weights": bytes of the weights (``mla_weight_values``), "total": their sum}.
 
     Taught in notebook 13, "1. Multi-head latent attention".
     """
     n_tokens = check_int("n_tokens", n_tokens, low=0)
-    for name, n in (("n_heads", n_heads), ("kv_lora_rank", kv_lora_rank), ("qk_nope_head_dim", qk_nope_head_dim),
-                    ("qk_rope_head_dim", qk_rope_head_dim), ("v_head_dim", v_head_dim)):
-        check_positive_int(name, n)
+    check_positive_int("qk_rope_head_dim", qk_rope_head_dim)
+    weights = mla_weight_values(d_model=d_model, n_heads=n_heads, kv_lora_rank=kv_lora_rank,
+                                qk_nope_head_dim=qk_nope_head_dim, v_head_dim=v_head_dim, form=form)
     cache = n_tokens * (kv_lora_rank + qk_rope_head_dim) * bytes_per_value
-    if absorbed:
-        return {"cache": int(cache), "keys_values": int(cache), "total": int(cache)}
     expanded = n_tokens * n_heads * (qk_nope_head_dim + qk_rope_head_dim + v_head_dim) * bytes_per_value
-    return {"cache": int(cache), "keys_values": int(expanded), "total": int(cache + expanded)}
+    out = {"cache": int(cache), "keys_values": int(expanded) if form == "naive" else 0,
+           "weights": int(sum(weights.values()) * bytes_per_value)}
+    out["total"] = out["cache"] + out["keys_values"] + out["weights"]
+    return out
+
+
+def mla_decode_flops(n_queries: int, n_tokens: int, *, d_model: int, n_heads: int, kv_lora_rank: int,
+                     qk_nope_head_dim: int, qk_rope_head_dim: int, v_head_dim: int, form: str = "absorbed") -> int:
+    """FLOPs (2 per multiply-add) of one MLA layer after its latents, for ``n_queries`` new tokens over
+    ``n_tokens`` keys (one sequence; every query scores every key, the mask left out).
+
+    With L = n_queries, S = n_tokens, h heads, d_c = kv_lora_rank, r = qk_rope_head_dim:
+
+    * naive:    expand S latents, 2 S d_c h (nope + v); attention 2 L S h (nope + r + v); W^O 2 L h v d;
+    * absorbed: W^UK into L queries, 2 L h nope d_c; attention 2 L S h (2 d_c + r);
+      W^UV per head, 2 L h d_c v; W^O 2 L h v d;
+    * folded:   as absorbed, with W^UV and W^O replaced by the fold, 2 L h d_c d.
+
+    The expansion grows with S and not with L: per query it is paid once for every query in the
+    block, so it is cheap in prefill (L = S) and the whole cost of decode (L = 1).
+
+    Taught in notebook 13, "1. Multi-head latent attention".
+    """
+    _check_form(form)
+    L = check_int("n_queries", n_queries, low=0)
+    S = check_int("n_tokens", n_tokens, low=0)
+    for name, n in (("d_model", d_model), ("n_heads", n_heads), ("kv_lora_rank", kv_lora_rank),
+                    ("qk_nope_head_dim", qk_nope_head_dim), ("qk_rope_head_dim", qk_rope_head_dim),
+                    ("v_head_dim", v_head_dim)):
+        check_positive_int(name, n)
+    h, d_c, nope, r, v, d = n_heads, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim, d_model
+    if form == "naive":
+        return 2 * S * d_c * h * (nope + v) + 2 * L * S * h * (nope + r + v) + 2 * L * h * v * d
+    absorbed = 2 * L * h * nope * d_c + 2 * L * S * h * (2 * d_c + r)
+    if form == "folded":
+        return absorbed + 2 * L * h * d_c * d
+    return absorbed + 2 * L * h * d_c * v + 2 * L * h * v * d
 
 
 class MLACache(TokenCache):
@@ -182,8 +257,6 @@ class MultiHeadLatentAttention(nn.Module):
         self.kv_b_proj = nn.Linear(kv_lora_rank, n_heads * (qk_nope_head_dim + v_head_dim), bias=False)
         self.o_proj = nn.Linear(n_heads * v_head_dim, d_model, bias=False)
         self.rope = RotaryEmbedding(qk_rope_head_dim, base=rope_base, interleaved=True)
-        self._fold: tuple | None = None       # (key of the weights, W^O W^UV): see absorbed_weights
-        self.folds = 0                        # how many times W^O W^UV was folded (and cached)
 
     def extra_repr(self) -> str:
         return (f"d_model={self.d_model}, n_heads={self.n_heads}, kv_lora_rank={self.kv_lora_rank}, "
@@ -223,19 +296,29 @@ class MultiHeadLatentAttention(nn.Module):
         return 0 if cache is None else len(cache)
 
     # ------------------------------------------------------------------ forward
-    def forward(self, x: Tensor, cache: MLACache | None = None, *, absorbed: bool = False) -> Tensor:
+    def forward(self, x: Tensor, cache: MLACache | None = None, *, absorbed: bool = False,
+                fold: Tensor | None = None) -> Tensor:
         """Causal MLA over x (and whatever ``cache`` holds before it).
 
         Args:
             x: (B, L, d_model), the new tokens; their positions are len(cache) + 0 .. L-1.
             cache: an ``MLACache`` (updated in place) or None.
-            absorbed: False = naive form (expand the latents to per-head keys and values);
-                True = absorbed form (attend over the latents directly).
+            absorbed: False = naive form (expand the latents to per-head keys and values, as vLLM
+                prefills); True = absorbed form (W^UK into the query, attention over the latents,
+                W^UV per head, then W^O, as DeepSeek-V3 and vLLM decode).
+            fold: with ``absorbed``, an optional (d_model, h, kv_lora_rank) W^O W^UV from
+                ``fold_output()`` used in place of W^UV and W^O (the contrast of notebook 13).
 
         Returns:
             (B, L, d_model).
         """
         start = self._check(x, cache)
+        if fold is not None and (not absorbed or not isinstance(fold, Tensor)
+                                 or tuple(fold.shape) != (self.d_model, self.n_heads, self.kv_lora_rank)):
+            got = shape_str(fold) if isinstance(fold, Tensor) else type(fold).__name__
+            raise ValueError(f"fold must be a (d_model={self.d_model}, h={self.n_heads}, kv_lora_rank="
+                             f"{self.kv_lora_rank}) tensor from fold_output(), used with absorbed=True; got {got}, "
+                             f"absorbed={absorbed}")
         B, L, _ = x.shape
         positions = torch.arange(start, start + L, device=x.device)
         q_nope, q_rope = self.queries(x, positions)                       # (B, h, L, nope), (B, h, L, rope)
@@ -245,10 +328,8 @@ class MultiHeadLatentAttention(nn.Module):
         S = c_kv.shape[1]
         mask = None if L == 1 else causal_mask(L, S, bottom_right=True, device=x.device)   # (L, S)
         if absorbed:
-            o = self._absorbed(q_nope, q_rope, c_kv, k_rope, mask)        # (B, L, d)
-        else:
-            o = self._naive(q_nope, q_rope, c_kv, k_rope, mask)
-        return o
+            return self._absorbed(q_nope, q_rope, c_kv, k_rope, mask, fold)   # (B, L, d)
+        return self._naive(q_nope, q_rope, c_kv, k_rope, mask)
 
     def _naive(self, q_nope, q_rope, c_kv, k_rope, mask) -> Tensor:
         """Expand every cached latent into h keys and values, then ordinary multi-head attention."""
@@ -261,10 +342,10 @@ class MultiHeadLatentAttention(nn.Module):
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)   # (B, h, L, v_head_dim)
         return self.o_proj(o.transpose(1, 2).reshape(B, q.shape[2], -1))
 
-    def _absorbed(self, q_nope, q_rope, c_kv, k_rope, mask) -> Tensor:
-        """Fold W^UK into the query and W^UV into the output: attention over the latents (MQA-like)."""
-        w_uk, w_o_uv = self.absorbed_weights()                            # (h, nope, d_c), (d, h, d_c)
-        q_latent = torch.einsum("bhln,hnc->bhlc", q_nope, w_uk)           # (B, h, L, d_c): W^UK^T q^C
+    def _absorbed(self, q_nope, q_rope, c_kv, k_rope, mask, fold=None) -> Tensor:
+        """W^UK into the query, attention over the latents (one K/V head), W^UV per head, then W^O."""
+        w_uk, w_uv = self.up_projections()                                # (h, nope, d_c), (h, v, d_c)
+        q_latent = torch.einsum("bhln,hnc->bhlc", q_nope, w_uk)           # (B, h, L, d_c): W^UK_i^T q^C_i
         q = torch.cat([q_latent, q_rope], dim=-1)                         # (B, h, L, d_c + rope)
         k = torch.cat([c_kv, k_rope], dim=-1)[:, None]                    # (B, 1, S, d_c + rope): shared by heads
         v = c_kv[:, None]                                                 # (B, 1, S, d_c)
@@ -274,37 +355,17 @@ class MultiHeadLatentAttention(nn.Module):
         o_latent = F.scaled_dot_product_attention(q.reshape(B, 1, h * L, width), k, v, attn_mask=rows_mask,
                                                   scale=self.scale)       # (B, 1, h L, d_c)
         o_latent = o_latent.view(B, h, L, self.kv_lora_rank)              # (B, h, L, d_c)
-        return torch.einsum("bhlc,dhc->bld", o_latent, w_o_uv)            # (B, L, d)
+        if fold is not None:
+            return torch.einsum("bhlc,dhc->bld", o_latent, fold)          # (B, L, d): W^O_i W^UV_i at once
+        o = torch.einsum("bhlc,hvc->blhv", o_latent, w_uv)                # (B, L, h, v): W^UV_i per head
+        return self.o_proj(o.reshape(B, L, h * self.v_head_dim))          # (B, L, d)
 
-    # ------------------------------------------------------------------ the fold, done once
-    def absorbed_weights(self) -> tuple[Tensor, Tensor]:
-        """The weights the absorbed form uses: W^UK for the query and the fold W^O_i W^UV_i, cached.
+    def fold_output(self) -> Tensor:
+        """W^O_i W^UV_i for every head: (d_model, h, kv_lora_rank), the fold notebook 13 measures and declines.
 
-        Returns:
-            W^UK (h, qk_nope_head_dim, kv_lora_rank) (a view of ``kv_b_proj``; the query applies it,
-            q^C -> W^UK^T q^C) and W^O W^UV (d_model, h, kv_lora_rank), the matrix product folded once.
-
-        The fold is kept and reused until the weights change: it is keyed on the version counters of
-        ``kv_b_proj.weight`` and ``o_proj.weight`` (bumped by every in-place change: an optimizer step,
-        ``load_state_dict``, ``with torch.no_grad(): w.add_(...)``) and on their storage, dtype and
-        device (``.to()``, ``.double()``). A change through ``.data`` bumps no counter: call ``refold()``.
-        While autograd records (training), the fold is recomputed at every call so gradients flow.
-        (W^UK could be folded further into the query projection, but with DeepSeek's shapes,
-        kv_lora_rank 512 > qk_nope_head_dim 128, that product is larger than the two it replaces.)
+        One matrix replaces W^UV and W^O, but it holds d h d_c values against h v d_c + d h v for the two
+        (``mla_weight_values``): with DeepSeek-V2's shapes 3.6 times as many, read at every decode step.
         """
-        w_kv, w_o = self.kv_b_proj.weight, self.o_proj.weight
-        w_uk, w_uv = self.up_projections()                                # (h, nope, d_c), (h, v, d_c)
-        recording = torch.is_grad_enabled() and (w_kv.requires_grad or w_o.requires_grad)
-        key = tuple((w._version, w.data_ptr(), w.dtype, w.device) for w in (w_kv, w_o))
-        if not recording and self._fold is not None and self._fold[0] == key:
-            return w_uk, self._fold[1]
-        w_o_heads = w_o.view(self.d_model, self.n_heads, self.v_head_dim)            # (d, h, v)
-        w_o_uv = torch.einsum("dhv,hvc->dhc", w_o_heads, w_uv)            # (d, h, d_c): W^O_i W^UV_i
-        if not recording:
-            self._fold = (key, w_o_uv)
-            self.folds += 1
-        return w_uk, w_o_uv
-
-    def refold(self) -> None:
-        """Forget the cached fold: the next absorbed call folds W^O W^UV again."""
-        self._fold = None
+        w_uv = self.up_projections()[1]                                   # (h, v, d_c)
+        w_o = self.o_proj.weight.view(self.d_model, self.n_heads, self.v_head_dim)   # (d, h, v)
+        return torch.einsum("dhv,hvc->dhc", w_o, w_uv)                    # (d, h, d_c)

@@ -24,6 +24,7 @@ command line lives with the course machinery: ``python -m selfattn_lite.course.d
 
 from .comm import Counters, counters, reset_counters
 from .cost import (
+    activation_values_per_token,
     causal_work,
     max_sequence_length,
     ring_bytes_per_rank,
@@ -32,7 +33,7 @@ from .cost import (
     ulysses_bytes_per_rank,
 )
 from .launch import METHODS, attention_worker, choose_backend, device, free_port, launch, under_torchrun
-from .ring import RingTile, block_attention, merge_partials, ring_attention, ring_tiles
+from .ring import RingTile, block_attention, block_attention_backward, merge_partials, ring_attention, ring_tiles
 from .sharding import LAYOUTS, check_layout, shard, shard_indices, shard_lengths, shard_segments, split_sizes, unshard
 from .ulysses import kv_replication, ulysses_attention
 
@@ -49,6 +50,7 @@ __all__ = [
     "counters",
     "reset_counters",
     "block_attention",
+    "block_attention_backward",
     "merge_partials",
     "ring_attention",
     "RingTile",
@@ -61,6 +63,7 @@ __all__ = [
     "causal_work",
     "ring_schedule",
     "max_sequence_length",
+    "activation_values_per_token",
     "launch",
     "device",
     "choose_backend",

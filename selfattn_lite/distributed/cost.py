@@ -113,48 +113,79 @@ def causal_work(L: int, world_size: int, *, layout: str = "contiguous", is_causa
             for r in range(world_size)]
 
 
+def activation_values_per_token(*, d_model: int, n_heads: int, n_kv_heads: int | None = None,
+                                ffn_dim: int) -> int:
+    """Values one Llama-style layer saves for its backward, per token (FlashAttention inside, no recompute).
+
+    Counted tensor by tensor, as Korthikanti et al. (2022, section 4) count a GPT layer: the attention
+    half keeps its RMSNorm's input, the normed input of the q, k, v projections, q, k, v and the output
+    (FlashAttention keeps only those and a log-sum-exp; ``o_proj`` reuses the output): 4 d + 2 d_kv.
+    The SwiGLU half keeps its RMSNorm's input, the normed input of the gate and up projections, the
+    gate (for SiLU), SiLU(gate) and up (for the product) and the product (for the down projection):
+    2 d + 4 f. In all 6 d + 2 d_kv + 4 f, with d_kv = d * n_kv_heads / n_heads.
+
+    Taught in notebook 14, "At scale, on paper".
+    """
+    for name, n in (("d_model", d_model), ("n_heads", n_heads), ("ffn_dim", ffn_dim)):
+        check_positive_int(name, n)
+    n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+    d_kv = d_model * n_kv_heads // n_heads
+    return 6 * d_model + 2 * d_kv + 4 * ffn_dim
+
+
 def max_sequence_length(n_devices: int, gib_per_device: float, *, d_model: int, n_layers: int,
-                        n_heads: int, n_kv_heads: int | None = None, bytes_per_value: int = 2,
-                        reserved_gib: float = 0.0) -> dict:
-    """The longest sequence whose attention tensors fit, per strategy, on paper.
+                        n_heads: int, n_kv_heads: int | None = None, ffn_dim: int, bytes_per_value: int = 2,
+                        reserved_gib: float = 0.0, checkpoint: bool = True) -> dict:
+    """The longest training sequence that fits, per strategy, on paper: at the backward's peak.
 
-    Assumptions (a model of the attention tensors only, stated so it can be argued with):
-    for training, every layer keeps its q, out (d_model each) and k, v (d_kv = d_model *
-    n_kv_heads / n_heads each) per token for the backward, and attention itself runs fused
-    (FlashAttention: no L x L matrix). ``reserved_gib`` per device is taken first for everything
-    else (weights, optimizer state, MLP activations). Per device:
+    A model stated so it can be argued with. ``reserved_gib`` per device is what does not grow with
+    the sequence (weights, gradients, optimizer state, as the other parallelisms leave them). Everything
+    else grows with the tokens a device holds, n = L / N (L on one device), b bytes per value, with
+    A = ``activation_values_per_token`` per layer and d_kv = d_model * n_kv_heads / n_heads:
 
-    * single: L * n_layers * (2 d_model + 2 d_kv) * b <= M
-    * ring:   (L/N) * [n_layers * (2 d_model + 2 d_kv) + 2 * 2 d_kv] * b <= M
-              (its shard, plus the K/V block it computes with and the one arriving)
-    * ulysses: (L/N) * n_layers * (2 d_model + 2 d_kv) * b + L * (2 d_model + 2 R d_kv) / N * b <= M
-              (its shard, plus one layer's q, out for h/N heads and k, v for R h_kv/N heads of all L
-              rows, R = ``kv_replication``: K/V heads are replicated when N > n_kv_heads);
-              None when N does not divide the query heads: they cap Ulysses' degree.
+    * kept from the forward: checkpoint=True (activation checkpointing, the usual choice at these
+      lengths): each layer's input, n_layers * d_model, plus the layer being recomputed, A;
+      checkpoint=False: n_layers * A;
+    * the backward's peak: the gradients of one layer's activations, A more;
+    * what attention's parallelism adds at that peak, per token of the device's shard:
+      single (and any strategy on N = 1): nothing;
+      ring: the K/V block in use and the one arriving, and the dK, dV accumulators travelling with
+      them: 8 d_kv;
+      Ulysses: q, out (h/N heads) and k, v (R h_kv/N heads) over all L rows, and their gradients:
+      (4 d_model + 4 R d_kv) L / N, R = ``kv_replication``; None when N does not divide the query heads.
+
+    Per device: n * (kept + A + extra) * b <= (gib_per_device - reserved_gib) GiB.
 
     Returns:
-        {"single": L, "ring": L, "ulysses": L or None}, rounded down to a multiple of 2N (single: of 2).
+        {"single": L, "ring": L, "ulysses": L or None, "bytes_per_token": {strategy: bytes per token of a
+        device's shard}}, L rounded down to a multiple of 2N (single: of 2).
+
+    Taught in notebook 14, "At scale, on paper".
     """
     check_positive_int("n_devices", n_devices)
+    check_positive_int("n_layers", n_layers)
     n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
     d_kv = d_model * n_kv_heads // n_heads
     budget = (gib_per_device - reserved_gib) * 2**30
     if budget <= 0:
         raise ValueError(f"nothing left: {gib_per_device} GiB per device, {reserved_gib} GiB reserved")
-    per_token = n_layers * (2 * d_model + 2 * d_kv) * bytes_per_value     # kept for the backward
+    layer = activation_values_per_token(d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv_heads, ffn_dim=ffn_dim)
+    kept = n_layers * d_model + layer if checkpoint else n_layers * layer
+    base = kept + layer                                                 # + one layer's gradients
     n = n_devices
     step = 2 * n
 
     def down(x: float) -> int:
         return int(x) // step * step
 
-    ring = budget * n / (per_token + 2 * 2 * d_kv * bytes_per_value)
     try:
         copies = kv_replication(n_heads, n_kv_heads, n)
     except ValueError:
         copies = None                                                   # the query heads cap the degree
-    ulysses = None
-    if copies is not None:
-        ulysses = down(budget * n / (per_token + (2 * d_model + 2 * copies * d_kv) * bytes_per_value))
-    return {"single": int(budget / per_token) // 2 * 2, "ring": down(ring), "ulysses": ulysses}
-
+    spread = n > 1                                                      # one device: nothing travels
+    per_token = {"single": base * bytes_per_value, "ring": (base + spread * 8 * d_kv) * bytes_per_value,
+                 "ulysses": None if copies is None else
+                 (base + spread * (4 * d_model + 4 * copies * d_kv)) * bytes_per_value}
+    return {"single": int(budget / per_token["single"]) // 2 * 2, "ring": down(budget * n / per_token["ring"]),
+            "ulysses": None if copies is None else down(budget * n / per_token["ulysses"]),
+            "bytes_per_token": per_token}

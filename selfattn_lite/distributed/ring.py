@@ -27,7 +27,7 @@ from ..efficient import TileKind, tile_kind
 from .comm import check_floats, counters, exchange, exchange_shapes, group_rank_size, wait_all
 from .sharding import check_layout, shard_segments
 
-__all__ = ["block_attention", "merge_partials", "ring_attention", "RingTile", "ring_tiles"]
+__all__ = ["block_attention", "block_attention_backward", "merge_partials", "ring_attention", "RingTile", "ring_tiles"]
 
 
 def block_attention(q: Tensor, k: Tensor, v: Tensor, *, scale: float, mask: Tensor | None = None
@@ -53,6 +53,35 @@ def block_attention(q: Tensor, k: Tensor, v: Tensor, *, scale: float, mask: Tens
     safe = lse.masked_fill(torch.isneginf(lse), 0.0)
     p = torch.exp(s - safe.unsqueeze(-1))                                # exp(-inf) = 0 for masked pairs
     return p @ v.to(compute), lse
+
+
+def block_attention_backward(q: Tensor, k: Tensor, v: Tensor, lse: Tensor, delta: Tensor, grad_out: Tensor, *,
+                             scale: float, mask: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """One block's share of attention's gradients, from the *final* log-sum-exp (notebook 11's backward).
+
+        p = exp(q k^T * scale - lse)   (the weights of the full softmax, restricted to this block)
+        dV = p^T dO,  dS = p * (dO V^T - D),  dQ = dS K * scale,  dK = dS^T Q * scale
+
+    with D = rowsum(dO * O) of the full output. Summing dQ over every block, and dK, dV over every query
+    block, gives the gradients of attention over all keys.
+
+    Args:
+        q: (..., Lq, E); k: (..., Lk, E); v: (..., Lk, Ev); lse, delta: (..., Lq) (lse = -inf: a row that
+            saw no key anywhere); grad_out: (..., Lq, Ev); mask: (Lq, Lk) bool, True = may attend.
+
+    Returns:
+        dq (..., Lq, E), dk (..., Lk, E), dv (..., Lk, Ev): this block's contributions.
+
+    Taught in notebook 14, "Run it for real" (used in its exercise 5, the ring's backward in one process).
+    """
+    s = (q @ k.transpose(-2, -1)) * scale                                # (..., Lq, Lk)
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf"))
+    safe_lse = lse.masked_fill(torch.isneginf(lse), float("inf"))        # a row that saw nothing: p = 0
+    p = torch.exp(s - safe_lse.unsqueeze(-1))
+    dv = p.transpose(-2, -1) @ grad_out
+    ds = p * (grad_out @ v.transpose(-2, -1) - delta.unsqueeze(-1))
+    return (ds @ k) * scale, (ds.transpose(-2, -1) @ q) * scale, dv
 
 
 def merge_partials(out1: Tensor, lse1: Tensor, out2: Tensor, lse2: Tensor) -> tuple[Tensor, Tensor]:
@@ -202,7 +231,6 @@ class _RingAttention(torch.autograd.Function):
         compute = out.dtype
         qc, do = q.to(compute), grad_out.to(compute)
         delta = (do * out).sum(-1)                            # (..., n)  D_i = sum_e dO_ie O_ie
-        safe_lse = lse.masked_fill(torch.isneginf(lse), float("inf"))   # a row that saw nothing: p = 0
         dq = torch.zeros_like(qc)
         k_blk, v_blk = k, v
         dk_blk = torch.zeros(k.shape, dtype=compute, device=k.device)   # gradients of the block we hold
@@ -218,15 +246,12 @@ class _RingAttention(torch.autograd.Function):
                                     [(k_next, prev_rank), (v_next, prev_rank)], "kv_bwd", group)
             kc, vc = k_blk.to(compute), v_blk.to(compute)
             for rows, cols, _, mask in ring_tiles(segs[rank], segs[src], is_causal=is_causal):
-                s = (qc[..., rows, :] @ kc[..., cols, :].transpose(-2, -1)) * scale   # (..., r, c)
-                if mask is not None:
-                    s = s.masked_fill(~mask.to(q.device), float("-inf"))
-                p = torch.exp(s - safe_lse[..., rows].unsqueeze(-1))                   # the final softmax
-                dv_blk[..., cols, :] += p.transpose(-2, -1) @ do[..., rows, :]
-                dp = do[..., rows, :] @ vc[..., cols, :].transpose(-2, -1)
-                ds = p * (dp - delta[..., rows].unsqueeze(-1))
-                dq[..., rows, :] += (ds @ kc[..., cols, :]) * scale
-                dk_blk[..., cols, :] += (ds.transpose(-2, -1) @ qc[..., rows, :]) * scale
+                dq_t, dk_t, dv_t = block_attention_backward(
+                    qc[..., rows, :], kc[..., cols, :], vc[..., cols, :], lse[..., rows], delta[..., rows],
+                    do[..., rows, :], scale=scale, mask=None if mask is None else mask.to(q.device))
+                dq[..., rows, :] += dq_t
+                dk_blk[..., cols, :] += dk_t
+                dv_blk[..., cols, :] += dv_t
                 counters.scores += (rows.stop - rows.start) * (cols.stop - cols.start)
             wait_all(requests)
             # the gradients of block src travel on with it; after the last step they reach their owner

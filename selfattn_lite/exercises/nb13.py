@@ -1,13 +1,18 @@
-"""Checkers for notebook 13: the MLA cache size, the absorption of W^UK into the query, the slot of a
-ring buffer with sinks, and per-document positions of a packed sequence."""
+"""Checkers for notebook 13: the MLA cache size, the absorbed MLA decode step, the slot of a ring buffer
+with sinks, per-document positions of a packed sequence, and a FlexAttention mask_mod and score_mod."""
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
 
+from .. import flex
+from ..mla import MultiHeadLatentAttention, mla_decode_flops
 from . import ExerciseError, NotAttempted, attempt, close, not_attempted, passed, require_tensor
 
-__all__ = ["check_mla_bytes", "check_absorb_query", "check_sink_slot", "check_document_positions"]
+__all__ = ["check_mla_bytes", "check_absorbed_decode", "check_sink_slot", "check_document_positions",
+           "check_prefix_lm_mask_mod", "check_softcap_score_mod"]
 
 
 def check_mla_bytes(fn) -> None:
@@ -36,53 +41,102 @@ def check_mla_bytes(fn) -> None:
     return passed("(kv_lora_rank + qk_rope_head_dim) x layers x tokens x bytes: 67.5 KiB per token for DeepSeek-V2")
 
 
-def _absorption_case():
-    """q^C (B=2, h=3, L=4, nope=5), W^UK (h, nope, d_c=7), latents c (B, S=6, d_c): shapes that all differ."""
-    gen = torch.Generator().manual_seed(13)
-    q_nope = torch.randn(2, 3, 4, 5, generator=gen, dtype=torch.float64)
-    w_uk = torch.randn(3, 5, 7, generator=gen, dtype=torch.float64)
-    c_kv = torch.randn(2, 6, 7, generator=gen, dtype=torch.float64)
-    return q_nope, w_uk, c_kv
+_DECODE_SHAPES = dict(d_model=24, n_heads=3, kv_lora_rank=16, qk_nope_head_dim=4, qk_rope_head_dim=2, v_head_dim=5)
 
 
-def check_absorb_query(fn) -> None:
-    """``fn(q_nope (B, h, L, nope), w_uk (h, nope, d_c)) -> (B, h, L, d_c)``: the query that scores the latents.
+def _decode_case():
+    """One new token over S = 10 cached latents of a small float64 MLA layer (every width differs)."""
+    torch.manual_seed(13)
+    shapes = {k: v for k, v in _DECODE_SHAPES.items() if k != "d_model"}
+    layer = MultiHeadLatentAttention(_DECODE_SHAPES["d_model"], **shapes).double().eval()
+    x = torch.randn(2, 11, layer.d_model, dtype=torch.float64, generator=torch.Generator().manual_seed(13)) * 2
+    positions = torch.arange(11)
+    with torch.no_grad():
+        c_kv, k_rope = layer.latents(x, positions)                       # (B, S, d_c), (B, S, rope)
+        q_nope, q_rope = layer.queries(x[:, -1:], positions[-1:])        # (B, h, 1, nope), (B, h, 1, rope)
+        naive = layer(x)[:, -1:]                                         # (B, 1, d): the naive form's last row
+    w_uk, w_uv = (w.detach() for w in layer.up_projections())
+    return layer, (q_nope, q_rope, c_kv, k_rope, w_uk, w_uv, layer.o_proj.weight.detach(), layer.scale), naive
 
-    Checked against the naive form: with k^C_{j,i} = W^UK_i c_j, the naive score q^C_{t,i} . k^C_{j,i} must
-    equal the absorbed one, (W^UK_i^T q^C_{t,i}) . c_j, for every head, query and cached latent.
+
+def check_absorbed_decode(fn) -> None:
+    """``fn(q_nope, q_rope, c_kv, k_rope, w_uk, w_uv, w_o, scale) -> (B, 1, d)``: one absorbed MLA decode step.
+
+    Args (as the layer computes them): q_nope (B, h, 1, nope), q_rope (B, h, 1, rope) (rotated),
+    c_kv (B, S, d_c), k_rope (B, S, rope), w_uk (h, nope, d_c), w_uv (h, v, d_c), w_o (d, h v), scale.
+
+    Checked against the naive form (the layer run with its latents expanded), and its FLOPs (counted by
+    ``torch.utils.flop_counter``) against the absorbed form's (``mla_decode_flops``): an answer that expands
+    the latents or folds W^O W^UV gives the right numbers at the wrong price.
     """
-    q_nope, w_uk, c_kv = _absorption_case()
+    layer, args, naive = _decode_case()
     try:
-        got = attempt(fn, q_nope.clone(), w_uk.clone())
+        with torch.no_grad(), FlopCounterMode(display=False) as counter:
+            got = attempt(fn, *(a.clone() if isinstance(a, torch.Tensor) else a for a in args))
     except NotAttempted:
-        return not_attempted("absorb_query")
+        return not_attempted("absorbed_decode")
     except RuntimeError as error:
-        raise ExerciseError(f"torch refused the shapes ({str(error).splitlines()[0]}): w_uk is (h, nope, d_c); "
-                            "contract q^C's last dim (nope) with w_uk's middle dim, head by head") from None
-    B, h, L, nope = q_nope.shape
-    d_c = w_uk.shape[-1]
-    if isinstance(got, torch.Tensor) and tuple(got.shape) == (B, L, d_c):
-        raise ExerciseError("the heads are gone (summed over?): each head i has its own W^UK_i, so keep the "
-                            f"head dim: (B, h, L, d_c) = {(B, h, L, d_c)}")
-    if isinstance(got, torch.Tensor) and tuple(got.shape) == tuple(q_nope.shape):
-        raise ExerciseError("that is still q^C (width nope): the absorbed query lives in the latent space, "
-                            "W^UK_i^T q^C, width d_c")
-    got = require_tensor("absorb_query(q_nope, w_uk)", got, (B, h, L, d_c))
-    k_nope = torch.einsum("hnc,bsc->bhsn", w_uk, c_kv)                     # naive: expand every latent
-    naive = q_nope @ k_nope.transpose(-2, -1)                              # (B, h, L, S)
-    absorbed = got.to(torch.float64) @ c_kv[:, None].transpose(-2, -1)     # scores against the latents
-    if close(absorbed, naive, atol=1e-9):
-        return passed("W^UK_i^T q^C_i scores the cached latents exactly as q^C_i scores the expanded keys: "
-                      "the key up-projection never runs at decode time")
-    for scale in (nope ** -0.5, d_c ** -0.5):
-        if close(absorbed, naive * scale, atol=1e-9):
-            raise ExerciseError("the scores came out scaled: absorbing W^UK changes no score, so the scale "
-                                "1/sqrt(d_nope + d_rope) stays where attention applies it, not here")
-    one_head = q_nope @ w_uk[0]
-    if close(got, one_head, atol=1e-9):
-        raise ExerciseError("every head used head 0's W^UK: head i's query meets head i's up-projection W^UK_i")
-    raise ExerciseError("the absorbed scores (W^UK^T q^C) . c differ from the naive q^C . (W^UK c); per head i, "
-                        "q_latent[..., c] = sum_n q^C[..., n] W^UK_i[n, c]")
+        raise ExerciseError(f"torch refused the shapes ({str(error).splitlines()[0]}): w_uk is (h, nope, d_c), so "
+                            "q_latent = einsum('bhln,hnc->bhlc', q_nope, w_uk); w_uv is (h, v, d_c), so "
+                            "o = einsum('bhlc,hvc->blhv', o_latent, w_uv); w_o is (d, h v), as nn.Linear's weight") \
+            from None
+    q_nope, q_rope, c_kv, k_rope, w_uk, w_uv, w_o, scale = args
+    B, h, _, _ = q_nope.shape
+    d, d_c = w_o.shape[0], c_kv.shape[-1]
+    if isinstance(got, torch.Tensor) and tuple(got.shape) == (B, h, 1, d_c):
+        raise ExerciseError("that is the attention over the latents, still one d_c-wide output per head: apply each "
+                            "head's W^UV_i (h, v, d_c) to it, then W^O")
+    if isinstance(got, torch.Tensor) and tuple(got.shape) == (B, 1, h * w_uv.shape[1]):
+        raise ExerciseError("W^UV is applied (h v wide): now W^O, o @ w_o.T, gives the d_model-wide output")
+    got = require_tensor("absorbed_decode(...)", got, (B, 1, d)).to(torch.float64)
+    if not close(got, naive, atol=1e-9, rtol=1e-9):
+        _diagnose_decode(fn, args, got)
+    flops = counter.get_total_flops()
+    shapes = dict(_DECODE_SHAPES)
+    want = B * mla_decode_flops(1, c_kv.shape[1], **shapes, form="absorbed")       # B sequences
+    expanded = B * mla_decode_flops(1, c_kv.shape[1], **shapes, form="naive")
+    d, h, v, d_c = shapes["d_model"], shapes["n_heads"], shapes["v_head_dim"], shapes["kv_lora_rank"]
+    folded = B * mla_decode_flops(1, c_kv.shape[1], **shapes, form="folded") + 2 * d * h * v * d_c   # + the fold
+    if flops >= 1.5 * want:
+        how = ("the latents were expanded into per-head keys and values (the naive form)"
+               if abs(flops - expanded) <= abs(flops - folded) else
+               "W^O W^UV was folded inside the step (one d x d_c matrix per head, more weights than W^UV and W^O)")
+        raise ExerciseError(f"the numbers are right, but the step did {flops} FLOPs where the absorbed form needs "
+                            f"{want}: {how}. Absorbing means W^UK into the query, attention over c_kv itself, W^UV "
+                            "per head on the d_c-wide output, then W^O")
+    return passed("W^UK_i^T q^C_i scores the latents, the attention output stays d_c wide until W^UV_i and W^O: "
+                  f"equal to the naive form, at the absorbed form's {want} FLOPs (the naive form: {expanded})")
+
+
+def _diagnose_decode(fn, args, got) -> None:
+    """Name the mistake of an absorbed decode step whose output differs from the naive form's."""
+    q_nope, q_rope, c_kv, k_rope, w_uk, w_uv, w_o, scale = args
+
+    def step(q_latent, rope_scores, scale, w_uv_heads):
+        scores = (q_latent @ c_kv[:, None].transpose(-2, -1) + rope_scores) * scale       # (B, h, 1, S)
+        o_latent = scores.softmax(-1) @ c_kv[:, None]                                      # (B, h, 1, d_c)
+        o = torch.einsum("bhlc,hvc->blhv", o_latent, w_uv_heads)
+        return o.reshape(o.shape[0], 1, -1) @ w_o.T
+
+    q_latent = torch.einsum("bhln,hnc->bhlc", q_nope, w_uk)
+    rope_scores = q_rope @ k_rope[:, None].transpose(-2, -1)
+    nope, rope, d_c = q_nope.shape[-1], q_rope.shape[-1], c_kv.shape[-1]
+    for wrong_scale in ((d_c + rope) ** -0.5, d_c ** -0.5, nope ** -0.5, 1.0):
+        if close(got, step(q_latent, rope_scores, wrong_scale, w_uv), atol=1e-9, rtol=1e-9):
+            raise ExerciseError(f"the scale is off: the scores are still q^C . k^C + q^R . k^R of the naive form, "
+                                f"scaled by 1/sqrt(nope + rope) = {scale:.4f} (the layer's scale), whatever the "
+                                "latent's width")
+    if close(got, step(q_latent, 0.0, scale, w_uv), atol=1e-9, rtol=1e-9):
+        raise ExerciseError("the RoPE part is missing: every score adds q^R_i . k^R_j (the decoupled key, cached "
+                            "beside the latent) to (W^UK_i^T q^C_i) . c_j")
+    if close(got, step(torch.einsum("bhln,nc->bhlc", q_nope, w_uk[0]), rope_scores, scale, w_uv), atol=1e-9,
+             rtol=1e-9) or close(got, step(q_latent, rope_scores, scale, w_uv[:1].expand_as(w_uv)), atol=1e-9,
+                                 rtol=1e-9):
+        raise ExerciseError("one head's up-projection served every head: head i's query meets W^UK_i, and head i's "
+                            "latent output goes through its own W^UV_i")
+    raise ExerciseError("the output differs from the naive form's; per head i: q_latent = W^UK_i^T q^C_i; scores "
+                        "(q_latent . c_j + q^R_i . k^R_j) x scale, softmax over the S cached tokens; o_latent = "
+                        "sum_j p_j c_j; o_i = W^UV_i o_latent; y = W^O [o_1 ; ... ; o_h]")
 
 
 def check_sink_slot(fn) -> None:
@@ -136,3 +190,124 @@ def check_document_positions(fn) -> None:
         raise ExerciseError("right for the first example, not for doc_ids [5, 5, 9, 9, 9, 9, 1]: a document is a run "
                             "of equal ids, whatever their values")
     return passed("positions restart at 0 in each document, as if each were run alone")
+
+
+# ---------------------------------------------------------------------------------------------
+# FlexAttention: a mask_mod and a score_mod for a given pattern, checked against the dense forms
+# ---------------------------------------------------------------------------------------------
+
+def _dense(mask_mod, T: int) -> torch.Tensor:
+    """The (T, T) boolean mask a mask_mod gives, evaluated as create_block_mask does (every pair, vmapped)."""
+    from torch.nn.attention.flex_attention import create_mask
+
+    return create_mask(mask_mod, 1, 1, T, T, device="cpu")[0, 0]
+
+
+def _flex_error(error: Exception, what: str) -> ExerciseError:
+    text = str(error).splitlines()[0] if str(error) else type(error).__name__
+    if "data-dependent" in text.lower() or "Boolean value of Tensor" in text:
+        return ExerciseError(f"your {what} used Python's `and`, `or`, `not` or `if` on tensors ({text}): FlexAttention "
+                             "calls it on tensors (vmapped over every pair), so combine conditions with `&`, `|`, `~` "
+                             "and choose values with torch.where")
+    return ExerciseError(f"calling your {what} failed: {text}")
+
+
+def check_prefix_lm_mask_mod(make_mod) -> None:
+    """``make_mod(prefix) -> mask_mod(b, h, q_idx, kv_idx)``: a prefix LM's mask.
+
+    The first ``prefix`` tokens (a prompt) see each other both ways; every later token sees all tokens up
+    to itself (causal). Dense: (kv <= q) | (kv < prefix). Checked pair by pair, then through
+    ``flex_attention`` with the block mask against attention under the dense mask.
+    """
+    T, prefix = 40, 13
+    try:
+        mod = attempt(make_mod, prefix)
+        if mod is None or not callable(mod):
+            raise ExerciseError(f"prefix_lm_mod({prefix}) should return a function (b, h, q_idx, kv_idx) -> bool "
+                                f"tensor, got {type(mod).__name__}")
+        got = _dense(mod, T)
+    except NotAttempted:
+        return not_attempted("prefix_lm_mod")
+    except ExerciseError:
+        raise
+    except Exception as error:  # noqa: BLE001 - a learner's mask_mod can fail in many ways
+        raise _flex_error(error, "mask_mod") from None
+    i = torch.arange(T)[:, None]
+    j = torch.arange(T)[None, :]
+    want = (j <= i) | (j < prefix)
+    if got.dtype != torch.bool or got.shape != want.shape:
+        raise ExerciseError(f"a mask_mod returns a boolean (True = may attend); yours gave {got.dtype} "
+                            f"{tuple(got.shape)}")
+    if torch.equal(got, want):
+        block = flex.block_mask(mod, T, block_size=8)
+        gen = torch.Generator().manual_seed(13)
+        q, k, v = (torch.randn(1, 2, T, 8, generator=gen, dtype=torch.float64) for _ in range(3))
+        out = flex.flex_attention(q, k, v, block_mask=block)
+        reference = F.scaled_dot_product_attention(q, k, v, attn_mask=want)
+        if not close(out, reference, atol=1e-9):
+            raise ExerciseError("the mask is right pair by pair but flex_attention disagrees with the dense mask: "
+                                "does your mask_mod depend on b or h?")
+        n = flex.block_counts(block)
+        return passed(f"(kv <= q) | (kv < prefix): the prompt sees itself both ways, the rest causally; equal to "
+                      f"the dense mask through flex_attention, {n['skipped']} of {n['total']} tiles of 8 x 8 skipped")
+    causal = j <= i
+    if torch.equal(got, causal):
+        raise ExerciseError(f"that is plain causal attention: the first {prefix} tokens must also see the later "
+                            "prefix tokens (kv_idx < prefix), both ways")
+    if torch.equal(got, want & (j != i)) or torch.equal(got, (j < i) | (j < prefix)):
+        raise ExerciseError("the diagonal is missing: a token may attend to itself (kv_idx <= q_idx)")
+    if torch.equal(got, causal | (i < prefix)):
+        raise ExerciseError("a prefix query now sees every key, the answer tokens after the prompt too: it is the key "
+                            "that must lie in the prefix (kv_idx < prefix), not the query")
+    if torch.equal(got, causal | (j <= prefix)) or torch.equal(got, causal | (j < prefix - 1)):
+        raise ExerciseError(f"off by one: the prefix is positions 0 .. {prefix - 1} (kv_idx < prefix)")
+    wrong = (got != want).nonzero()[0].tolist()
+    raise ExerciseError(f"pair (q={wrong[0]}, kv={wrong[1]}) with prefix {prefix}: expected "
+                        f"{bool(want[wrong[0], wrong[1]])}, got {bool(got[wrong[0], wrong[1]])}")
+
+
+def check_softcap_score_mod(make_mod) -> None:
+    """``make_mod(cap) -> score_mod(score, b, h, q_idx, kv_idx)``: Gemma 2's attention logit soft-capping.
+
+    Each scaled score s becomes cap * tanh(s / cap): unchanged near 0, squeezed into (-cap, cap) smoothly.
+    Checked through ``flex_attention`` (causal block mask) against the dense computation: scores, capped,
+    masked, softmax, times v.
+    """
+    T, cap = 24, 5.0
+    gen = torch.Generator().manual_seed(31)
+    q, k, v = (torch.randn(1, 2, T, 8, generator=gen, dtype=torch.float64) for _ in range(3))
+    q = q * 4                                                            # scores up to ~20: the cap matters
+    scores = q @ k.transpose(-2, -1) / 8 ** 0.5                          # (1, 2, T, T)
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+
+    def dense(s):
+        return s.masked_fill(~causal, float("-inf")).softmax(-1) @ v
+
+    try:
+        mod = attempt(make_mod, cap)
+        if mod is None or not callable(mod):
+            raise ExerciseError(f"softcap_mod({cap}) should return a function (score, b, h, q_idx, kv_idx) -> score, "
+                                f"got {type(mod).__name__}")
+        out = flex.flex_attention(q, k, v, score_mod=mod, block_mask=flex.block_mask(flex.causal_mod, T))
+    except NotAttempted:
+        return not_attempted("softcap_mod")
+    except ExerciseError:
+        raise
+    except Exception as error:  # noqa: BLE001 - a learner's score_mod can fail in many ways
+        raise _flex_error(error, "score_mod") from None
+    want = dense(cap * torch.tanh(scores / cap))
+    if close(out, want, atol=1e-9):
+        return passed("cap * tanh(score / cap): scores near 0 unchanged, large ones squeezed below the cap; equal to "
+                      "the dense computation through flex_attention")
+    for wrong, message in (
+        (scores, "the scores came back unchanged: return cap * tanh(score / cap)"),
+        (cap * torch.tanh(scores), "divide by cap inside the tanh: cap * tanh(score) squashes every score, even "
+                                   "small ones (tanh saturates near 1)"),
+        (torch.tanh(scores / cap), "multiply by cap outside the tanh: tanh(score / cap) lies in (-1, 1), not "
+                                   "(-cap, cap)"),
+        (scores.clamp(-cap, cap), "a hard clamp cuts the scores at the cap, and its gradient is zero past it: the "
+                                  "soft cap is cap * tanh(score / cap)"),
+    ):
+        if close(out, dense(wrong), atol=1e-9):
+            raise ExerciseError(message)
+    raise ExerciseError("the output differs from the dense computation with scores cap * tanh(score / cap)")

@@ -1,5 +1,6 @@
 """Checkers for notebook 14: merging two partial attention results with their log-sum-exps, the causal
-skip rule of the ring, and the zig-zag shard of a rank."""
+skip rule of the ring, the zig-zag shard of a rank, and Ulysses and the ring's backward played in one
+process, checked against the multi-process run."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import torch.nn.functional as F
 
 from ..distributed import (
     block_attention,
+    block_attention_backward,
     merge_partials,
     ring_schedule,
     ring_tiles,
@@ -18,7 +20,8 @@ from ..distributed import (
 )
 from . import ExerciseError, NotAttempted, attempt, close, not_attempted, passed, require_tensor
 
-__all__ = ["check_merge_partials", "check_ring_skips", "check_zigzag_indices"]
+__all__ = ["check_merge_partials", "check_ring_skips", "check_zigzag_indices", "check_simulated_ulysses",
+           "check_ring_backward"]
 
 
 def _two_blocks():
@@ -209,3 +212,195 @@ def check_zigzag_indices(fn) -> None:
                                 "row more (rows are lost or shifted otherwise)")
         raise ExerciseError(f"{where}: expected {want}, got {got}")
     return passed("rank r holds chunks r and 2W − 1 − r of 2W: one early, one late, the same causal work")
+
+
+# ---------------------------------------------------------------------------------------------
+# Ulysses and the ring's backward in one process, against the multi-process run
+# ---------------------------------------------------------------------------------------------
+
+def _case_ranks(case: dict, per_rank: list, method: str) -> int:
+    if not isinstance(case, dict) or case.get("method") != method:
+        raise ValueError(f"pass one of the notebook's {method} cases (cases[i] with method {method!r})")
+    W = len(case["ranks"] or range(4))
+    if len(per_rank) != W or any(r is None for r in per_rank):
+        raise ValueError(f"pass the results of the {W} ranks that ran this case: [results[r][i] for r in ranks]")
+    return W
+
+
+def _per_rank(got, W: int, name: str, shapes: list[tuple]) -> list[torch.Tensor]:
+    if not isinstance(got, (list, tuple)) or len(got) != W:
+        raise ExerciseError(f"{name} should return a list with one tensor per rank ({W} ranks), got "
+                            f"{type(got).__name__}{'' if not isinstance(got, (list, tuple)) else f' of {len(got)}'}")
+    return [require_tensor(f"{name}[{r}]", t, shape) for r, (t, shape) in enumerate(zip(got, shapes))]
+
+
+def check_simulated_ulysses(fn, case: dict, per_rank: list) -> None:
+    """``fn(q_shards, k_shards, v_shards, is_causal) -> out_shards``: DeepSpeed-Ulysses played by one process.
+
+    ``q_shards[r]`` (B, h, n_r, E) are rank r's contiguous rows with all heads (k, v the same, as many K/V heads
+    as query heads). The answer makes both all-to-alls as tensor reshuffles over the W virtual ranks (rank j
+    gets heads [j h/W, (j+1) h/W) of every rank's rows, attends, and each rank gets its rows back) and returns
+    each rank's output rows. Checked against the multi-process run of the same case (``per_rank[r]["out"]``),
+    and, through autograd on your reshuffles, its gradients (``dq``, ``dk``, ``dv``).
+    """
+    W = _case_ranks(case, per_rank, "ulysses")
+    B, h, L, E = case["q"].shape
+    if case["k"].shape[1] != h:
+        raise ValueError("pass a case with as many K/V heads as query heads")
+    leaves = [case[n].detach().clone().requires_grad_() for n in "qkv"]
+    shards = [[shard(t, r, W) for r in range(W)] for t in leaves]
+    lengths = [s.shape[-2] for s in shards[0]]
+    try:
+        got = attempt(fn, *shards, case["is_causal"])
+    except NotAttempted:
+        return not_attempted("simulate_ulysses")
+    except RuntimeError as error:
+        raise ExerciseError(f"torch refused ({str(error).splitlines()[0]}): rank j's heads of every rank's rows "
+                            "are glued along the rows (dim -2), heads [j h/W, (j+1) h/W) taken along dim 1") from None
+    outs = _per_rank(got, W, "simulate_ulysses", [(B, h, n, E) for n in lengths])
+    want = [per_rank[r]["out"] for r in range(W)]
+    if all(close(o, w, atol=1e-10, rtol=1e-10) for o, w in zip(outs, want)):
+        try:
+            torch.autograd.backward(outs, [shard(case["grad"], r, W) for r in range(W)])
+        except RuntimeError as error:
+            raise ExerciseError(f"the outputs match but autograd cannot reach q, k, v through them "
+                                f"({str(error).splitlines()[0]}): build them with differentiable torch ops "
+                                "(split, cat, narrow), not from detached copies") from None
+        for name, leaf in zip(("dq", "dk", "dv"), leaves):
+            if leaf.grad is None or not close(leaf.grad, unshard([per_rank[r][name] for r in range(W)],
+                                                                   layout="contiguous"), atol=1e-10, rtol=1e-10):
+                raise ExerciseError(f"the outputs match but autograd through your reshuffles gives a different {name}: "
+                                    "build them from q, k, v with differentiable torch ops (split, cat, narrow), not "
+                                    "from detached copies")
+        return passed(f"two all-to-alls as reshuffles over {W} virtual ranks: every rank's rows, and the gradients "
+                      "through them, equal the gloo processes' to 1e-10")
+    q, k, v = (t.detach() for t in leaves)
+    local = [F.scaled_dot_product_attention(*(s[r].detach() for s in shards), is_causal=case["is_causal"])
+             for r in range(W)]
+    if all(close(o, w, atol=1e-10) for o, w in zip(outs, local)):
+        raise ExerciseError("each rank attended only to its own rows: the first all-to-all must give rank j heads "
+                            "[j h/W, (j+1) h/W) of *all* rows, from every rank")
+    full = F.scaled_dot_product_attention(q, k, v, is_causal=case["is_causal"])
+    if case["is_causal"] and close(unshard(outs, layout="contiguous"),
+                                   F.scaled_dot_product_attention(q, k, v), atol=1e-10):
+        raise ExerciseError("the causal mask is missing: after the all-to-all each rank holds all rows of its "
+                            "heads in order, so is_causal=True applies the global mask")
+    if close(unshard(outs, layout="contiguous"), full, atol=1e-10):
+        raise ExerciseError("right numbers, but not split as the ranks hold them: return one tensor per rank with "
+                            "its own rows (n_r) and all h heads")
+    strided = torch.cat([full[:, j::W] for j in range(W)], dim=1)        # heads dealt round-robin, never put back
+    if close(unshard(outs, layout="contiguous"), strided, atol=1e-10):
+        raise ExerciseError("the heads came back in the wrong order: rank j's heads are the contiguous range "
+                            "[j h/W, (j+1) h/W); the second all-to-all puts them back in that order")
+    raise ExerciseError("the outputs differ from the multi-process run: to heads, rank j takes heads [j h/W, "
+                        "(j+1) h/W) of every rank's rows (glued in rank order along the rows), attends, and the "
+                        "second all-to-all sends rows n_0.. of its output back to rank 0, and so on")
+
+
+def _ring_backward_inputs(case: dict, W: int):
+    """Each rank's shards, its forward output and log-sum-exp (over all keys), its incoming gradient."""
+    layout, is_causal = case["layout"], case["is_causal"]
+    q, k, v, grad = (case[n].detach() for n in ("q", "k", "v", "grad"))
+    L = q.shape[-2]
+    pos = [shard_indices(L, r, W, layout=layout) for r in range(W)]
+    qs, ks, vs, gs = ([shard(t, r, W, layout=layout) for r in range(W)] for t in (q, k, v, grad))
+    scale = q.shape[-1] ** -0.5
+    outs, lses = [], []
+    for r in range(W):
+        mask = pos[r][:, None] >= torch.arange(L)[None, :] if is_causal else None
+        o, s = block_attention(qs[r], k, v, scale=scale, mask=mask)
+        outs.append(o)
+        lses.append(s)
+    return qs, ks, vs, outs, lses, gs, pos, scale
+
+
+def _reference_ring_backward(qs, ks, vs, outs, lses, gs, pos, is_causal, *, hops=None, travel=True, delta=True):
+    """The ring's backward in one process; the flags plant the mistakes the checker names."""
+    W = len(qs)
+    scale = qs[0].shape[-1] ** -0.5
+    deltas = [(g * o).sum(-1) if delta else torch.zeros_like(s) for g, o, s in zip(gs, outs, lses)]
+    dq = [torch.zeros_like(q) for q in qs]
+    held = [(r, torch.zeros_like(ks[r]), torch.zeros_like(vs[r])) for r in range(W)]   # (block, dK, dV)
+    own_dk, own_dv = [torch.zeros_like(k) for k in ks], [torch.zeros_like(v) for v in vs]
+    for step in range(W):
+        for r in range(W):
+            src, dk_acc, dv_acc = held[r]
+            mask = pos[src][None, :] <= pos[r][:, None] if is_causal else None
+            g = block_attention_backward(qs[r], ks[src], vs[src], lses[r], deltas[r], gs[r], scale=scale, mask=mask)
+            dq[r] += g[0]
+            if travel:
+                dk_acc += g[1]
+                dv_acc += g[2]
+            elif src == r:                                  # planted: only the own block's gradients kept
+                own_dk[r] += g[1]
+                own_dv[r] += g[2]
+        if step < (W if hops is None else hops):
+            held = [held[(r - 1) % W] for r in range(W)]     # send to r + 1, receive from r - 1
+    if not travel:
+        return [(dq[r], own_dk[r], own_dv[r]) for r in range(W)]
+    return [(dq[r], held[r][1], held[r][2]) for r in range(W)]
+
+
+_ONE_SHORT = ("the dK, dV accumulators end one hop short (rank r holds block r + 1's): after the last step they "
+              "travel once more, home to their owner (W hops in all, K/V only W - 1)")
+
+
+def check_ring_backward(fn, case: dict, per_rank: list) -> None:
+    """``fn(q, k, v, out, lse, grad, positions, is_causal) -> [(dq, dk, dv) per rank]``: the ring's backward
+    played by one process.
+
+    Each argument but ``is_causal`` is a list over the W virtual ranks: rank r's shards q[r] (B, h, n_r, E),
+    k[r], v[r], its forward output out[r] and log-sum-exp lse[r] (B, h, n_r) over all keys, the incoming
+    gradient grad[r], and positions[r], the global positions of its rows. At step s rank r holds K/V block
+    (r - s) mod W with the dK, dV accumulators travelling with it; it adds its tiles' gradients
+    (``dist_attn.block_attention_backward``) to its own dq and to those accumulators, and passes block and
+    accumulators on to rank r + 1; they come home after W hops. Checked against the multi-process run of the
+    same case (``per_rank[r]["dq"]``, ``["dk"]``, ``["dv"]``).
+    """
+    W = _case_ranks(case, per_rank, "ring")
+    inputs = _ring_backward_inputs(case, W)
+    qs, ks, vs, outs, lses, gs, pos, _ = inputs
+    try:
+        got = attempt(fn, [t.clone() for t in qs], [t.clone() for t in ks], [t.clone() for t in vs],
+                      [t.clone() for t in outs], [t.clone() for t in lses], [t.clone() for t in gs],
+                      [p.clone() for p in pos], case["is_causal"])
+    except NotAttempted:
+        return not_attempted("ring_backward")
+    if not isinstance(got, (list, tuple)) or len(got) != W or any(not isinstance(g, (list, tuple)) or len(g) != 3
+                                                                  for g in got):
+        raise ExerciseError(f"return one (dq, dk, dv) triple per rank: a list of {W} triples")
+    one_short = [tuple(ks[(r + 1) % W].shape) for r in range(W)]
+    if W > 1 and [tuple(g[1].shape) if isinstance(g[1], torch.Tensor) else None for g in got] == one_short \
+            and one_short != [tuple(t.shape) for t in ks]:
+        raise ExerciseError(f"{_ONE_SHORT} (rank r returned the accumulators of block r + 1: see their shapes)")
+    for r, (dq, dk, dv) in enumerate(got):
+        require_tensor(f"dq of rank {r}", dq, tuple(qs[r].shape))
+        require_tensor(f"dk of rank {r}", dk, tuple(ks[r].shape))
+        require_tensor(f"dv of rank {r}", dv, tuple(vs[r].shape))
+    names = ("dq", "dk", "dv")
+
+    def matches(triples):
+        return all(close(t, w, atol=1e-10, rtol=1e-10) for trip, want in zip(got, triples) for t, w in zip(trip, want))
+
+    want = [tuple(per_rank[r][n] for n in names) for r in range(W)]
+    if matches(want):
+        return passed(f"dQ stays home, dK and dV travel with their K/V block and come home after {W} hops: every "
+                      f"rank's gradients equal the {W} gloo processes' to 1e-10")
+    is_causal = case["is_causal"]
+    dq_ok = all(close(g[0], w[0], atol=1e-10, rtol=1e-10) for g, w in zip(got, want))
+    if dq_ok and matches(_reference_ring_backward(*inputs[:6], pos, is_causal, hops=W - 1)):
+        raise ExerciseError(_ONE_SHORT)
+    if dq_ok and matches(_reference_ring_backward(*inputs[:6], pos, is_causal, travel=False)):
+        raise ExerciseError("each rank kept only the dK, dV of its own block: the gradients other ranks compute for "
+                            "block j must travel with it and be summed on the way")
+    if matches(_reference_ring_backward(*inputs[:6], pos, is_causal, delta=False)):
+        raise ExerciseError("D = rowsum(dO * O) is missing from dS = P * (dP - D) (notebook 11): pass "
+                            "delta = (grad * out).sum(-1) of the rank's rows")
+    if is_causal and matches(_reference_ring_backward(*inputs[:6], pos, False)):
+        raise ExerciseError("the causal mask is missing: mask each tile with the global positions, "
+                            "positions[src][None, :] <= positions[r][:, None]")
+    if dq_ok:
+        raise ExerciseError("dq is right; dk, dv are not: add each tile's dk, dv to the accumulators of the block "
+                            "the rank holds at that step, and pass them on with it")
+    raise ExerciseError("dq differs from the multi-process run: at step s rank r holds block (r - s) mod W and adds "
+                        "its tile's dq to its own rows' gradient, using its own lse and D")

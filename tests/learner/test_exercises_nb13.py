@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+import torch.nn.functional as F
 from helpers import right_and_not_attempted_test
 
 from selfattn_lite.exercises import ExerciseError
@@ -65,26 +66,116 @@ def test_document_positions_diagnoses(wrong, message):
         check.check_document_positions(wrong)
 
 
-def absorb_right(q_nope, w_uk):
-    return torch.einsum("bhln,hnc->bhlc", q_nope, w_uk)
+def absorbed_right(q_nope, q_rope, c_kv, k_rope, w_uk, w_uv, w_o, scale):
+    q_latent = torch.einsum("bhln,hnc->bhlc", q_nope, w_uk)                     # (B, h, 1, d_c)
+    scores = (q_latent @ c_kv[:, None].transpose(-2, -1) + q_rope @ k_rope[:, None].transpose(-2, -1)) * scale
+    o_latent = scores.softmax(dim=-1) @ c_kv[:, None]                           # (B, h, 1, d_c)
+    o = torch.einsum("bhlc,hvc->blhv", o_latent, w_uv)                          # (B, 1, h, v)
+    return o.flatten(2) @ w_o.T                                                 # (B, 1, d)
 
 
-RIGHT["absorb_query"] = check.check_absorb_query, absorb_right
-RIGHT["absorb_query_matmul"] = check.check_absorb_query, lambda q, w: q @ w
+def absorbed_sdpa(q_nope, q_rope, c_kv, k_rope, w_uk, w_uv, w_o, scale):
+    q = torch.cat([torch.einsum("bhln,hnc->bhlc", q_nope, w_uk), q_rope], dim=-1)
+    k = torch.cat([c_kv, k_rope], dim=-1)[:, None]
+    o_latent = F.scaled_dot_product_attention(q, k, c_kv[:, None], scale=scale)   # broadcast over heads
+    return torch.einsum("bhlc,hvc->blhv", o_latent, w_uv).flatten(2) @ w_o.T
+
+
+def _naive_decode(q_nope, q_rope, c_kv, k_rope, w_uk, w_uv, w_o, scale):
+    k = torch.einsum("hnc,bsc->bhsn", w_uk, c_kv)                               # expanded keys
+    v = torch.einsum("hvc,bsc->bhsv", w_uv, c_kv)                               # expanded values
+    s = (q_nope @ k.transpose(-2, -1) + q_rope @ k_rope[:, None].transpose(-2, -1)) * scale
+    return (s.softmax(-1) @ v).transpose(1, 2).flatten(2) @ w_o.T
+
+
+def _folded_decode(q_nope, q_rope, c_kv, k_rope, w_uk, w_uv, w_o, scale):
+    q_latent = torch.einsum("bhln,hnc->bhlc", q_nope, w_uk)
+    s = (q_latent @ c_kv[:, None].transpose(-2, -1) + q_rope @ k_rope[:, None].transpose(-2, -1)) * scale
+    o_latent = s.softmax(-1) @ c_kv[:, None]
+    fold = torch.einsum("dhv,hvc->dhc", w_o.view(w_o.shape[0], w_uv.shape[0], -1), w_uv)   # every step
+    return torch.einsum("bhlc,dhc->bld", o_latent, fold)
+
+
+def _variant(scale_of=None, rope=True, head0=False, stop=None):
+    def fn(q_nope, q_rope, c_kv, k_rope, w_uk, w_uv, w_o, scale):
+        uk = w_uk[:1].expand_as(w_uk) if head0 else w_uk
+        q_latent = torch.einsum("bhln,hnc->bhlc", q_nope, uk)
+        s = q_latent @ c_kv[:, None].transpose(-2, -1)
+        if rope:
+            s = s + q_rope @ k_rope[:, None].transpose(-2, -1)
+        s = s * (scale if scale_of is None else scale_of(q_nope, q_rope, c_kv))
+        o_latent = s.softmax(-1) @ c_kv[:, None]
+        if stop == "latent":
+            return o_latent
+        o = torch.einsum("bhlc,hvc->blhv", o_latent, w_uv).flatten(2)
+        return o if stop == "w_uv" else o @ w_o.T
+    return fn
+
+
+RIGHT["absorbed_decode"] = check.check_absorbed_decode, absorbed_right
+RIGHT["absorbed_decode_sdpa"] = check.check_absorbed_decode, absorbed_sdpa
 
 
 @pytest.mark.parametrize("wrong, message", [
-    (lambda q, w: q @ w.transpose(-2, -1), "torch refused the shapes"),        # W^UK q, not W^UK^T q
-    (lambda q, w: torch.einsum("bhln,hnc->blc", q, w), "the heads are gone"),   # summed over heads
-    (lambda q, w: q, "still q"),
-    (lambda q, w: absorb_right(q, w) / q.shape[-1] ** 0.5, "came out scaled"),
-    (lambda q, w: absorb_right(q, w) / w.shape[-1] ** 0.5, "came out scaled"),
-    (lambda q, w: q @ w[0], "used head 0"),
-    (lambda q, w: absorb_right(q, w.flip(0)), "differ from the naive"),       # heads mismatched
+    (_naive_decode, "latents were expanded"),
+    (_folded_decode, "was folded inside the step"),
+    (_variant(scale_of=lambda qn, qr, c: (c.shape[-1] + qr.shape[-1]) ** -0.5), "scale is off"),
+    (_variant(scale_of=lambda qn, qr, c: 1.0), "scale is off"),
+    (_variant(rope=False), "RoPE part is missing"),
+    (_variant(head0=True), "served every head"),
+    (_variant(stop="latent"), "apply each head"),
+    (_variant(stop="w_uv"), "is applied"),
+    (lambda qn, qr, c, kr, uk, uv, wo, s: torch.einsum("bhln,hcn->bhlc", qn, uk), "torch refused the shapes"),
+    (lambda qn, qr, c, kr, uk, uv, wo, s: absorbed_right(qn, qr, c, kr, uk, uv, wo, s).flip(0), "differs from"),
 ])
-def test_absorb_query_diagnoses(wrong, message):
+def test_absorbed_decode_diagnoses(wrong, message):
     with pytest.raises(ExerciseError, match=message):
-        check.check_absorb_query(wrong)
+        check.check_absorbed_decode(wrong)
+
+
+def prefix_lm_right(prefix):
+    def mask_mod(b, h, q_idx, kv_idx):
+        return (kv_idx <= q_idx) | (kv_idx < prefix)
+    return mask_mod
+
+
+RIGHT["prefix_lm_mask_mod"] = check.check_prefix_lm_mask_mod, prefix_lm_right
+
+
+@pytest.mark.parametrize("wrong, message", [
+    (lambda p: (lambda b, h, q, kv: (kv <= q) or (kv < p)), "combine conditions with"),
+    (lambda p: (lambda b, h, q, kv: kv <= q), "plain causal"),
+    (lambda p: (lambda b, h, q, kv: (kv < q) | (kv < p)), "diagonal is missing"),
+    (lambda p: (lambda b, h, q, kv: (kv <= q) | (q < p)), "not the query"),
+    (lambda p: (lambda b, h, q, kv: (kv <= q) | (kv <= p)), "off by one"),
+    (lambda p: (lambda b, h, q, kv: kv >= q), "pair .q="),
+    (lambda p: None, "should return a function"),
+])
+def test_prefix_lm_mask_mod_diagnoses(wrong, message):
+    with pytest.raises(ExerciseError, match=message):
+        check.check_prefix_lm_mask_mod(wrong)
+
+
+def softcap_right(cap):
+    def score_mod(score, b, h, q_idx, kv_idx):
+        return cap * torch.tanh(score / cap)
+    return score_mod
+
+
+RIGHT["softcap_score_mod"] = check.check_softcap_score_mod, softcap_right
+
+
+@pytest.mark.parametrize("wrong, message", [
+    (lambda c: (lambda s, b, h, q, kv: s), "unchanged"),
+    (lambda c: (lambda s, b, h, q, kv: c * torch.tanh(s)), "divide by cap inside"),
+    (lambda c: (lambda s, b, h, q, kv: torch.tanh(s / c)), "multiply by cap outside"),
+    (lambda c: (lambda s, b, h, q, kv: s.clamp(-c, c)), "hard clamp"),
+    (lambda c: (lambda s, b, h, q, kv: c * torch.tanh(s / c) if s > 0 else s), "combine conditions with"),
+    (lambda c: (lambda s, b, h, q, kv: 2 * s), "differs from the dense"),
+])
+def test_softcap_score_mod_diagnoses(wrong, message):
+    with pytest.raises(ExerciseError, match=message):
+        check.check_softcap_score_mod(wrong)
 
 
 test_right_and_not_attempted = right_and_not_attempted_test(RIGHT, stub)

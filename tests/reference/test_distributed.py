@@ -159,19 +159,31 @@ def test_ring_schedule():
 
 
 def test_max_sequence_length_calculator():
-    kw = dict(d_model=4096, n_layers=32, n_heads=32, n_kv_heads=8)
+    kw = dict(d_model=4096, n_layers=32, n_heads=32, n_kv_heads=8, ffn_dim=14336)      # Llama-3-8B's shapes
+    layer = D.activation_values_per_token(d_model=4096, n_heads=32, n_kv_heads=8, ffn_dim=14336)
+    assert layer == 6 * 4096 + 2 * 1024 + 4 * 14336
     one = D.max_sequence_length(1, 80, **kw)
     eight = D.max_sequence_length(8, 80, **kw)
-    # single device: 80 GiB / (32 layers * (2*4096 + 2*1024) values * 2 bytes) tokens
-    assert one["single"] == int(80 * 2**30 / (32 * 10240 * 2)) // 2 * 2
+    # one device, checkpointed: each layer's input, one layer recomputed and its gradients, 2 bytes each
+    per_token = (32 * 4096 + 2 * layer) * 2
+    assert one["bytes_per_token"]["single"] == per_token
+    assert one["single"] == int(80 * 2**30 / per_token) // 2 * 2
+    # without checkpointing every layer keeps everything: far shorter
+    assert D.max_sequence_length(1, 80, **kw, checkpoint=False)["single"] == int(80 * 2**30 / ((33 * layer) * 2)) // 2 * 2
     assert 7.5 * one["ring"] < eight["ring"] <= 8 * one["ring"] + 16   # ring: linear in the devices
+    assert eight["bytes_per_token"]["ring"] == per_token + 8 * 1024 * 2
     sixteen = D.max_sequence_length(16, 80, **kw)
     # 16 ranks, 8 K/V heads: each K/V head replicated twice; the 32 query heads cap the degree at 32
-    budget = 80 * 2**30 * 16 / (32 * 10240 * 2 + (2 * 4096 + 2 * 2 * 1024) * 2)
+    budget = 80 * 2**30 * 16 / (per_token + (4 * 4096 + 4 * 2 * 1024) * 2)
     assert sixteen["ulysses"] == int(budget) // 32 * 32
     assert D.max_sequence_length(32, 80, **kw)["ulysses"] is not None
     assert D.max_sequence_length(64, 80, **kw)["ulysses"] is None
-    assert eight["ring"] > eight["ulysses"]
+    for n in (2, 4, 8, 16, 32):                                         # GQA: Ulysses fits less at every count
+        row = D.max_sequence_length(n, 80, **kw)
+        assert row["ulysses"] < row["ring"]
+    assert one["ring"] == one["ulysses"] == one["single"]              # one device: nothing travels
+    mha = dict(d_model=4096, n_layers=32, n_heads=32, ffn_dim=11008)    # MHA: the two hold the same extra
+    assert D.max_sequence_length(8, 80, **mha)["ulysses"] == D.max_sequence_length(8, 80, **mha)["ring"]
     with pytest.raises(ValueError, match="nothing left"):
         D.max_sequence_length(2, 8, reserved_gib=9, **kw)
 
@@ -436,9 +448,9 @@ def test_the_subpackage_keeps_every_name_and_imports_no_machinery():
     from selfattn_lite.distributed import launch, ring_attention, shard, ulysses_attention, unshard  # noqa: F401
 
     before = ["LAYOUTS", "split_sizes", "shard_segments", "shard_indices", "shard_lengths", "shard", "unshard",
-              "Counters", "counters", "reset_counters", "block_attention", "merge_partials", "ring_attention",
+              "Counters", "counters", "reset_counters", "block_attention", "block_attention_backward", "merge_partials", "ring_attention",
               "ulysses_attention", "ring_bytes_per_rank", "ulysses_bytes_per_rank", "causal_work", "ring_schedule",
-              "max_sequence_length", "launch", "attention_worker", "device", "METHODS"]
+              "max_sequence_length", "activation_values_per_token", "launch", "attention_worker", "device", "METHODS"]
     assert all(hasattr(D, name) for name in before) and set(D.__all__) >= set(before)
     # timing (bench) and the command line belong to the machinery: importing the reference loads neither
     code = ("import sys, selfattn_lite.distributed; "

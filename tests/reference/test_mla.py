@@ -6,7 +6,14 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from selfattn_lite.mla import MLACache, MultiHeadLatentAttention, mla_cache_bytes
+from selfattn_lite.mla import (
+    MLACache,
+    MultiHeadLatentAttention,
+    mla_cache_bytes,
+    mla_decode_bytes,
+    mla_decode_flops,
+    mla_weight_values,
+)
 from selfattn_lite.positions import RotaryEmbedding
 
 
@@ -105,52 +112,115 @@ def test_bad_input_raises_value_errors():
         mla_cache_bytes(2, 8, 2, n_tokens=-1)
 
 
-def test_the_absorbed_fold_is_made_once_and_remade_when_a_weight_changes():
+def test_the_absorbed_form_applies_w_uv_per_head_and_the_fold_gives_the_same_output():
     m = _mla(q_lora_rank=6).double().eval()
     x = torch.randn(2, 5, m.d_model, dtype=torch.float64)
     with torch.no_grad():
-        first = m(x, absorbed=True)
-        m(x, absorbed=True)
-        assert m.folds == 1                                              # folded once, reused
-        torch.testing.assert_close(first, m(x))
-        m.o_proj.weight.mul_(1.5)                                        # an in-place change bumps _version
-        second = m(x, absorbed=True)
-        assert m.folds == 2
-        torch.testing.assert_close(second, m(x))                         # the new fold, not the stale one
-        assert not torch.allclose(second, first)
-        m.kv_b_proj.weight.add_(0.1)
+        fold = m.fold_output()                                           # (d, h, d_c)
+        assert fold.shape == (m.d_model, m.n_heads, m.kv_lora_rank)
+        torch.testing.assert_close(m(x, absorbed=True, fold=fold), m(x))
+        m.o_proj.weight.mul_(1.5)                                        # nothing is kept between calls
         torch.testing.assert_close(m(x, absorbed=True), m(x))
-        m.load_state_dict(_mla(q_lora_rank=6).double().state_dict())     # new weights copied in
-        torch.testing.assert_close(m(x, absorbed=True), m(x))
-        m.o_proj.weight.data.mul_(2.0)                                   # .data bumps no counter: refold
-        m.refold()
-        torch.testing.assert_close(m(x, absorbed=True), m(x))
-    m.float()                                                            # a new dtype (and storage)
-    with torch.no_grad():
-        torch.testing.assert_close(m(x.float(), absorbed=True), m(x.float()), atol=1e-5, rtol=1e-4)
+    with pytest.raises(ValueError, match="used with absorbed=True"):
+        m(x, fold=fold)
+    with pytest.raises(ValueError, match=r"fold must be a \(d_model=32, h=4, kv_lora_rank=12\)"):
+        m(x, absorbed=True, fold=fold[:, :2])
 
 
 def test_the_absorbed_form_trains_its_weights():
     m = _mla().double()
     x = torch.randn(1, 4, m.d_model, dtype=torch.float64)
-    folds = m.folds
     m(x, absorbed=True).square().sum().backward()
     grads = [p.grad.clone() for p in (m.o_proj.weight, m.kv_b_proj.weight)]
     m.zero_grad()
     m(x).square().sum().backward()
     for got, want in zip(grads, (m.o_proj.weight.grad, m.kv_b_proj.weight.grad)):
         torch.testing.assert_close(got, want)
-    assert m.folds == folds                                              # recording: nothing cached
 
 
-def test_decode_bytes_naive_against_absorbed():
-    from selfattn_lite.mla import mla_decode_bytes
+@pytest.mark.parametrize("q_lora_rank", [None, 10])
+def test_naive_absorbed_and_cached_equal_hugging_face_deepseek_v3_attention(q_lora_rank):
+    """transformers' DeepseekV3Attention (eager, interleaved RoPE) with its weights loaded into ours by name."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3Attention, DeepseekV3RotaryEmbedding
 
-    dims = dict(n_heads=128, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128)
-    naive = mla_decode_bytes(4096, **dims, absorbed=False)
-    absorbed = mla_decode_bytes(4096, **dims, absorbed=True)
-    assert naive["cache"] == absorbed["cache"] == absorbed["total"] == 4096 * 576 * 2
-    assert naive["keys_values"] == 4096 * 128 * (128 + 64 + 128) * 2
-    assert naive["total"] == naive["cache"] + naive["keys_values"]
+    config = transformers.DeepseekV3Config(
+        hidden_size=32, num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=12, q_lora_rank=q_lora_rank,
+        qk_nope_head_dim=6, qk_rope_head_dim=4, v_head_dim=5, rope_interleave=True, attention_bias=False,
+        max_position_embeddings=64, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    hf = DeepseekV3Attention(config, layer_idx=0).double().eval()
+    for p in hf.parameters():                                            # RMSNorm weights too, not all ones
+        torch.nn.init.normal_(p, std=0.3)
+    ours = _mla(q_lora_rank)
+    ours.load_state_dict(hf.state_dict(), strict=True)                   # the same submodule names
+    x = torch.randn(2, 9, 32, dtype=torch.float64)
+    cos, sin = DeepseekV3RotaryEmbedding(config)(x, torch.arange(9)[None])
+    causal = torch.full((9, 9), float("-inf"), dtype=torch.float64).triu(1)[None, None]
+    with torch.no_grad():
+        want, _ = hf(x, (cos.double(), sin.double()), causal)
+        torch.testing.assert_close(ours(x), want)
+        torch.testing.assert_close(ours(x, absorbed=True), want)
+        cache = ours.new_cache(2, 9)
+        steps = [ours(x[:, :4], cache)] + [ours(x[:, t:t + 1], cache, absorbed=True) for t in range(4, 9)]
+        torch.testing.assert_close(torch.cat(steps, dim=1), want)
+
+
+V2 = dict(d_model=5120, n_heads=128, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128)
+
+
+def test_weight_values_at_deepseek_v2_shapes():
+    shapes = {k: v for k, v in V2.items() if k != "qk_rope_head_dim"}
+    apart = mla_weight_values(**shapes, form="absorbed")
+    folded = mla_weight_values(**shapes, form="folded")
+    assert apart == mla_weight_values(**shapes, form="naive")
+    assert apart["w_uv"] + apart["o_proj"] == 128 * 128 * 512 + 5120 * 128 * 128 == 92_274_688     # 92.3M
+    assert folded["w_o_uv"] == 5120 * 128 * 512 == 335_544_320                                      # 335.5M
+    assert folded["w_o_uv"] * 2 == 640 * 2**20                                                     # 640 MiB in bf16
+    assert folded["w_uk"] == apart["w_uk"] == 128 * 128 * 512
+    with pytest.raises(ValueError, match="form must be one of"):
+        mla_weight_values(**shapes, form="fused")
+
+
+def test_weight_values_are_the_layers_own_tensors():
+    m = _mla()
+    w_uk, w_uv = m.up_projections()
+    shapes = dict(d_model=32, n_heads=4, kv_lora_rank=12, qk_nope_head_dim=6, v_head_dim=5)
+    assert mla_weight_values(**shapes) == {"w_uk": w_uk.numel(), "w_uv": w_uv.numel(),
+                                           "o_proj": m.o_proj.weight.numel()}
+    assert mla_weight_values(**shapes, form="folded")["w_o_uv"] == m.fold_output().numel()
+
+
+def test_decode_bytes_count_cache_expanded_keys_and_weights():
+    naive = mla_decode_bytes(4096, **V2, form="naive")
+    absorbed = mla_decode_bytes(4096, **V2, form="absorbed")
+    folded = mla_decode_bytes(4096, **V2, form="folded")
+    assert naive["cache"] == absorbed["cache"] == folded["cache"] == 4096 * 576 * 2
+    assert naive["keys_values"] == 4096 * 128 * (128 + 64 + 128) * 2 and absorbed["keys_values"] == 0
+    assert absorbed["weights"] == naive["weights"] == (128 * 128 * 512 + 92_274_688) * 2
+    assert folded["weights"] == (128 * 128 * 512 + 335_544_320) * 2
+    for row in (naive, absorbed, folded):
+        assert row["total"] == row["cache"] + row["keys_values"] + row["weights"]
+    assert absorbed["total"] < naive["total"] < folded["total"]          # at 4k tokens the fold reads more than naive
     with pytest.raises(ValueError, match="n_heads"):
-        mla_decode_bytes(4, **{**dims, "n_heads": 0}, absorbed=True)
+        mla_decode_bytes(4, **{**V2, "n_heads": 0})
+
+
+@pytest.mark.parametrize("form", ["naive", "absorbed", "folded"])
+def test_decode_flops_match_torch_flop_counter(form):
+    from torch.utils.flop_counter import FlopCounterMode
+
+    m = _mla().double().eval()
+    S, L = 7, 3
+    x = torch.randn(1, S, m.d_model, dtype=torch.float64)
+    c_kv, k_rope = m.latents(x, torch.arange(S))
+    q_nope, q_rope = m.queries(x[:, -L:], torch.arange(S - L, S))
+    fold = m.fold_output() if form == "folded" else None
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        if form == "naive":
+            m._naive(q_nope, q_rope, c_kv, k_rope, None)
+        else:
+            m._absorbed(q_nope, q_rope, c_kv, k_rope, None, fold)
+    shapes = dict(d_model=32, n_heads=4, kv_lora_rank=12, qk_nope_head_dim=6, qk_rope_head_dim=4, v_head_dim=5)
+    assert counter.get_total_flops() == mla_decode_flops(L, S, **shapes, form=form)
