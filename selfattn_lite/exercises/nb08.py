@@ -1,5 +1,5 @@
 """Checkers for notebook 08: merging online-softmax statistics, counting tiles, a sliding-window
-mask, and linear attention."""
+mask, linear attention, and the causal tiled loop itself."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import torch.nn.functional as F
 
 from . import ExerciseError, NotAttempted, attempt, close, not_attempted, passed, require_tensor
 
-__all__ = ["check_merge_stats", "check_tile_count", "check_window_mask", "check_linear_attention"]
+__all__ = ["check_merge_stats", "check_tile_count", "check_window_mask", "check_linear_attention",
+           "check_causal_tiled"]
 
 
 def _merge_reference(m1, l1, m2, l2):
@@ -154,3 +155,85 @@ def check_linear_attention(fn) -> None:
     if not close(out, num / den, atol=1e-4):
         raise ExerciseError("expected phi(Q) (phi(K)^T V) / (phi(Q) sum_j phi(k_j)) with phi = elu + 1")
     return passed("phi(Q) (phi(K)ᵀ V) / (phi(Q) Σ phi(k)): the n × n matrix is never formed")
+
+
+def _causal_reference(q, k, v):
+    """Causal softmax attention in float64, returned in q's dtype."""
+    out = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=True)
+    return out.to(q.dtype)
+
+
+def _matmul_flops(fn, *args) -> int:
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        fn(*args)
+    return counter.get_total_flops()
+
+
+def check_causal_tiled(fn, peak_memory=None) -> None:
+    """``fn(q, k, v, block_size) -> out``: causal attention by tiles with an online softmax.
+
+    q, k, v (B, h, n, d); square tiles of ``block_size`` queries x ``block_size`` keys, the tiles
+    above the diagonal skipped. Graded beyond the output: the same answer at every block size
+    (block sizes that do not divide n included), stable at scores of about 1e4, no work on
+    the skipped tiles (matmul FLOPs counted), and, when ``peak_memory`` (the course's
+    ``memory.peak_memory``) is given, a peak memory well below that of the n x n scores.
+    """
+    gen = torch.Generator().manual_seed(80)
+    q, k, v = (torch.randn(2, 3, 19, 8, generator=gen) for _ in range(3))
+    try:
+        out = attempt(fn, q, k, v, 4)
+    except NotAttempted:
+        return not_attempted("causal_tiled_attention")
+    out = require_tensor("the output", out, q.shape)
+    want = _causal_reference(q, k, v)
+    if close(out, F.scaled_dot_product_attention(q, k, v)):
+        raise ExerciseError("the output is non-causal attention: mask the keys j > i inside the tiles that "
+                            "straddle the diagonal (and skip the tiles above it)")
+    if close(out, F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1.0)):
+        raise ExerciseError("the scores are not scaled: divide q k^T by sqrt(d)")
+    one_tile = attempt(fn, q, k, v, 19)          # one tile holds every row: no running statistics needed
+    by_row = attempt(fn, q, k, v, 1)             # 1 x 1 tiles: none straddles the diagonal
+    if not close(one_tile, want):
+        if close(by_row, want):
+            raise ExerciseError("right with 1 x 1 tiles, wrong when a tile straddles the diagonal: inside such a "
+                                "tile, mask the keys j > i before the softmax")
+        raise ExerciseError("wrong even with block_size = n (one tile): check the scores, the causal mask "
+                            "and the division by the row sum")
+    for block in (1, 2, 3, 4, 5, 8, 16, 32):
+        got = attempt(fn, q, k, v, block)
+        if not close(got, want):
+            raise ExerciseError(f"right with one tile but wrong with block_size={block}: when a new tile raises a "
+                                "row's max m, rescale the running sum l and the accumulator by exp(m_old - m_new) "
+                                "before adding the tile's part (and divide by l only at the end)")
+    big_q, big_k = 100 * q, 100 * k              # scores q k^T / sqrt(d) of order 1e4
+    big = attempt(fn, big_q, big_k, v, 4)
+    if not torch.isfinite(torch.as_tensor(big)).all():
+        raise ExerciseError("NaN or inf when the scores are about 1e4: exp(1e4) overflows. Subtract the running "
+                            "max m before exponentiating: exp(s - m), with m updated tile by tile")
+    if not close(big, _causal_reference(big_q, big_k, v), atol=1e-4, rtol=1e-3):
+        raise ExerciseError("inaccurate when the scores are about 1e4: subtract the running max before exp "
+                            "and rescale by exp(m_old - m_new), never by exp(m_new - m_old)")
+    # the work: 64 queries and keys in tiles of 8 -> 36 of the 64 tiles are at or below the diagonal
+    small = [torch.randn(1, 1, 64, 16, generator=gen) for _ in range(3)]
+    flops = _matmul_flops(fn, *small, 8)
+    per_tile = 2 * 2 * 8 * 8 * 16                # q k^T and p v, one multiply-add = 2 FLOPs
+    if flops > 1.05 * 36 * per_tile:
+        raise ExerciseError(f"your loop computes {flops / per_tile:.0f} tiles' worth of matmuls where 36 of 64 are "
+                            "needed: stop the key loop at the query block's last row (k0 < q0 + block_size), the "
+                            "tiles after it are entirely masked")
+    message = ("the same causal attention at every block size, stable at scores of 1e4, "
+               "the 28 masked tiles of 64 skipped")
+    if peak_memory is not None:
+        n, block = 512, 64
+        large = [torch.randn(1, 2, n, 16, generator=gen) for _ in range(3)]
+        scores_bytes = 1 * 2 * n * n * 4
+        peak = peak_memory(lambda: fn(*large, block))
+        if peak >= scores_bytes / 4:
+            raise ExerciseError(f"peak memory {peak / 2**20:.1f} MiB at n = {n}, against {scores_bytes / 2**20:.0f} MiB "
+                                "for the n x n scores: some step forms a matrix as large as the scores (a full "
+                                "mask, a full score row, or all tiles kept until the end); keep one tile at a time")
+        message += f", peak memory under a quarter of the n x n scores at n = {n}"
+    return passed(message)
+

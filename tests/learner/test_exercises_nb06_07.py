@@ -8,6 +8,7 @@ from helpers import expect_correct, expect_not_attempted, right_and_not_attempte
 
 from selfattn_lite.exercises import ExerciseError, nb06, nb07
 from selfattn_lite.models import DecoderConfig, TinyDecoder
+from selfattn_lite.presets import get_preset
 
 
 def stub(*args):
@@ -197,6 +198,40 @@ RIGHT["mean_pool"] = nb07.check_mean_pool, good_pool
 def test_mean_pool_checker_diagnoses(wrong, match):
     with pytest.raises(ExerciseError, match=match):
         nb07.check_mean_pool(wrong)
+
+
+# ----------------------------------------------------------------------------- nb07: plans_that_fit
+
+def plans_that_fit(name, batch, seq_len, gpu_bytes, weight_bytes_per_value):
+    p = get_preset(name)
+    kv_options = [h for h in range(1, p.n_kv_heads + 1) if p.n_heads % h == 0]    # GQA: divisors of n_heads
+    weights = p.weight_bytes(weight_bytes_per_value)
+    return {(h, b) for h in kv_options for b in (2, 1, 0.5)                        # bf16, 8-bit, 4-bit cache
+            if weights + p.kv_bytes(seq_len, batch, b, n_kv_heads=h) <= gpu_bytes}
+
+
+RIGHT["serving_plans"] = nb07.check_serving_plans, plans_that_fit
+
+
+def plans_variant(**flags):
+    def plans(name, batch, seq_len, gpu_bytes, weight_bytes_per_value):
+        return nb07._plans(name, batch, seq_len, gpu_bytes, weight_bytes_per_value, **flags)
+    return plans
+
+
+@pytest.mark.parametrize("wrong, fragment", [
+    (plans_variant(weights=False), "the weights need memory too"),
+    (plans_variant(kv_factor=0.5), "keys AND values"),
+    (plans_variant(batch_factor=False), "multiply by the batch"),
+    (plans_variant(kv_options=lambda p: [p.n_kv_heads]), "try every K/V head count"),
+    (plans_variant(kv_options=lambda p: [h for h in (1, 2, 4, 8, 16) if p.n_heads % h == 0]), "must divide n_heads"),
+    (lambda *case: {(1, 2)}, "expected"),
+    (lambda *case: 3, "a set (or list) of pairs"),
+])
+def test_serving_plans_diagnoses(wrong, fragment):
+    with pytest.raises(ExerciseError, match=None) as info:
+        nb07.check_serving_plans(wrong)
+    assert fragment in str(info.value), str(info.value)
 
 
 test_right_and_not_attempted = right_and_not_attempted_test(RIGHT, stub)

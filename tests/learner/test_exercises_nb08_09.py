@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from helpers import expect_error, right_and_not_attempted_test
 
+from selfattn_lite.course.memory import peak_memory
 from selfattn_lite.exercises import nb08, nb09
 
 
@@ -117,6 +118,64 @@ RIGHT["linear_attention"] = nb08.check_linear_attention, linear_right
 ])
 def test_linear_attention_diagnoses(wrong, fragment):
     expect_error(nb08.check_linear_attention, wrong, fragment)
+
+
+# ----------------------------------------------------------------------------- nb08: causal_tiled_attention
+
+def tiled(skip=True, diagonal_mask=True, rescale=True, subtract_max=True, scale=True, full_mask=False):
+    """A causal tiled attention with online softmax; each flag off plants one mistake."""
+    def causal_tiled_attention(q, k, v, block_size):
+        n, d = q.shape[-2], q.shape[-1]
+        out = torch.empty_like(q)
+        big_mask = torch.ones(n, n).tril() if full_mask else None         # an n x n float mask: O(n^2) memory
+        for q0 in range(0, n, block_size):
+            q_blk = q[..., q0:q0 + block_size, :] / (math.sqrt(d) if scale else 1.0)
+            rows = torch.arange(q0, q0 + q_blk.shape[-2])[:, None]
+            m = torch.full(q_blk.shape[:-1], float("-inf"))
+            l = torch.zeros(q_blk.shape[:-1])
+            acc = torch.zeros(q_blk.shape[:-1] + (v.shape[-1],))
+            for k0 in range(0, q0 + q_blk.shape[-2] if skip else n, block_size):
+                s = q_blk @ k[..., k0:k0 + block_size, :].transpose(-2, -1)
+                cols = torch.arange(k0, k0 + s.shape[-1])[None, :]
+                if full_mask:
+                    s = s.masked_fill(big_mask[q0:q0 + s.shape[-2], k0:k0 + s.shape[-1]] == 0, float("-inf"))
+                elif diagonal_mask:
+                    s = s.masked_fill(cols > rows, float("-inf"))
+                m_new = torch.maximum(m, s.amax(-1)) if subtract_max else torch.zeros_like(m)
+                p = torch.exp(s - m_new[..., None])
+                factor = torch.exp(m - m_new) if (rescale and subtract_max) else torch.ones_like(m)
+                l = l * factor + p.sum(-1)
+                acc = acc * factor[..., None] + p @ v[..., k0:k0 + block_size, :]
+                m = m_new
+            out[..., q0:q0 + block_size, :] = acc / l[..., None]
+        return out
+    return causal_tiled_attention
+
+
+def check_tiled_with_memory(fn):
+    nb08.check_causal_tiled(fn, peak_memory)
+
+
+RIGHT["causal_tiled"] = nb08.check_causal_tiled, tiled()
+RIGHT["causal_tiled_memory"] = check_tiled_with_memory, tiled()
+
+
+@pytest.mark.parametrize("wrong,fragment", [
+    (tiled(skip=False), "tiles' worth of matmuls"),
+    (tiled(diagonal_mask=False), "right with 1 x 1 tiles"),
+    (tiled(skip=False, diagonal_mask=False), "non-causal attention"),
+    (tiled(rescale=False), "rescale the running sum"),
+    (tiled(subtract_max=False), "exp(1e4) overflows"),
+    (tiled(scale=False), "not scaled"),
+    (lambda q, k, v, block_size: F.scaled_dot_product_attention(q, k, v, is_causal=True)[..., :-1, :], "shape"),
+])
+def test_causal_tiled_diagnoses(wrong, fragment):
+    expect_error(nb08.check_causal_tiled, wrong, fragment)
+
+
+def test_causal_tiled_memory_catches_an_n_by_n_mask():
+    expect_error(check_tiled_with_memory, tiled(full_mask=True), "for the n x n scores")
+    nb08.check_causal_tiled(tiled(full_mask=True))            # without the memory measurement it passes
 
 
 # ----------------------------------------------------------------------------- nb09: the fixed snippets
