@@ -231,9 +231,10 @@ def check_causal_tiled(fn, peak_memory=None) -> None:
         scores_bytes = 1 * 2 * n * n * 4
         peak = peak_memory(lambda: fn(*large, block))
         if peak >= scores_bytes / 4:
-            raise ExerciseError(f"peak memory {peak / 2**20:.1f} MiB at n = {n}, against {scores_bytes / 2**20:.0f} MiB "
-                                "for the n x n scores: some step forms a matrix as large as the scores (a full "
-                                "mask, a full score row, or all tiles kept until the end); keep one tile at a time")
+            raise ExerciseError(f"peak memory {peak / 2**20:.1f} MiB at n = {n}, against "
+                                f"{scores_bytes / 2**20:.0f} MiB for the n x n scores: some step forms a matrix as "
+                                "large as the scores (a full mask, a full score row, or all tiles kept until the "
+                                "end); keep one tile at a time")
         message += f", peak memory under a quarter of the n x n scores at n = {n}"
     return passed(message)
 
