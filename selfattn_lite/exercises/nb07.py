@@ -3,6 +3,8 @@ a serving budget (K/V heads and cache dtype that fit a GPU)."""
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 
 from ..presets import get_preset
@@ -12,7 +14,8 @@ __all__ = ["check_expand_kv", "check_mean_pool", "check_serving_plans"]
 
 
 def check_expand_kv(fn) -> None:
-    """``fn(k, n_heads)`` must turn k (B, n_kv, S, dk) into (B, n_heads, S, dk), query head i using K/V head i // g."""
+    """``fn(k, n_heads)`` must turn k (B, n_kv, S, dk) into (B, n_heads, S, dk), query head i using K/V head i // g,
+    without ``repeat_interleave`` (which the notebook already shows): a group axis, ``expand``, ``reshape``."""
     gen = torch.Generator().manual_seed(7)
     B, n_kv, S, dk, n_heads = 2, 2, 5, 4, 8
     k = torch.randn(B, n_kv, S, dk, generator=gen)
@@ -25,13 +28,22 @@ def check_expand_kv(fn) -> None:
     require_tensor("expand_kv(k, 8)", got)
     if got.shape != expected.shape:
         raise ExerciseError(f"expected shape {tuple(expected.shape)} = (B, n_heads, S, dk), got {tuple(got.shape)}: "
-                            "copy along the head dim (dim=1)")
+                            "the group axis is merged into the head axis (dim=1)")
     if close(got, k.repeat(1, g, 1, 1)):
-        raise ExerciseError("this is `repeat` (tiling): query head 1 gets K/V head 1, head 2 gets head 0 ... "
-                            "Query heads 0-3 must all use K/V head 0 and heads 4-7 head 1: use repeat_interleave")
+        raise ExerciseError("the heads are tiled (kv0, kv1, kv0, kv1, ...), what `repeat` or a group axis placed "
+                            "before the K/V head axis gives. Query heads 0-3 must all use K/V head 0: insert the "
+                            "group axis after it, k[:, :, None], then expand and reshape")
     if not close(got, expected):
         raise ExerciseError("the heads are not in the right order: query head i must read K/V head i // g")
-    return passed("repeat_interleave along the head dim: query heads 0-3 read K/V head 0, heads 4-7 head 1")
+    try:
+        source = inspect.getsource(fn)
+    except (OSError, TypeError):
+        source = ""
+    if "repeat_interleave" in source:
+        raise ExerciseError("right, but that is the notebook's repeat_interleave: write it as a view instead, "
+                            "k[:, :, None].expand(B, n_kv, g, S, dk), then reshape to (B, n_heads, S, dk)")
+    return passed("a group axis after the K/V heads, expanded (a view, no copy) then reshaped (one copy): query "
+                  "heads 0-3 read K/V head 0, heads 4-7 head 1")
 
 
 def check_mean_pool(fn) -> None:

@@ -1,5 +1,5 @@
 """Checkers for notebook 08: merging online-softmax statistics, counting tiles, a sliding-window
-mask, linear attention, and the causal tiled loop itself."""
+mask, causal linear attention as a recurrence, and the causal tiled loop itself."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from . import ExerciseError, NotAttempted, attempt, close, not_attempted, passed, require_tensor
 
-__all__ = ["check_merge_stats", "check_tile_count", "check_window_mask", "check_linear_attention",
+__all__ = ["check_merge_stats", "check_tile_count", "check_window_mask", "check_causal_linear_attention",
            "check_causal_tiled"]
 
 
@@ -129,32 +129,57 @@ def check_window_mask(fn) -> None:
     return passed("a causal sliding window: query i sees keys i − window + 1 .. i")
 
 
-def check_linear_attention(fn) -> None:
-    """``fn(q, k, v) -> (..., L, Ev)``: non-causal linear attention with phi(x) = elu(x) + 1."""
+def _phi(x):
+    return F.elu(x) + 1
+
+
+def _linear_quadratic(q, k, v, is_causal):
+    """Linear attention the n x n way: (phi(Q) phi(K)^T, lower triangle when causal) V / row sums."""
+    a = _phi(q) @ _phi(k).transpose(-2, -1)                   # (B, n, n)
+    if is_causal:
+        a = a.tril()
+    return (a @ v) / a.sum(-1, keepdim=True)
+
+
+def check_causal_linear_attention(fn) -> None:
+    """``fn(q, k, v) -> (B, n, dv)``: causal linear attention, phi(x) = elu(x) + 1, as a recurrence.
+
+    out_i = phi(q_i)^T S_i / phi(q_i)^T z_i with S_i = sum_{j <= i} phi(k_j) v_j^T and
+    z_i = sum_{j <= i} phi(k_j): a state of fixed size carried along the sequence, no n x n matrix
+    (checked by counting the matmul FLOPs at n = 256).
+    """
     gen = torch.Generator().manual_seed(9)
-    q, k = torch.randn(2, 5, 4, generator=gen), torch.randn(2, 7, 4, generator=gen)
-    v = torch.randn(2, 7, 3, generator=gen)
+    q, k = torch.randn(2, 9, 4, generator=gen), torch.randn(2, 9, 4, generator=gen)
+    v = torch.randn(2, 9, 3, generator=gen)
     try:
         out = attempt(fn, q, k, v)
     except NotAttempted:
-        return not_attempted("linear_attn")
-    out = require_tensor("linear_attn(q, k, v)", out, (2, 5, 3))
-    phi = lambda x: F.elu(x) + 1  # noqa: E731
-    num = phi(q) @ (phi(k).transpose(-2, -1) @ v)
-    den = phi(q) @ phi(k).sum(-2, keepdim=True).transpose(-2, -1)
-    if close(out, F.scaled_dot_product_attention(q, k, v), atol=1e-4):
+        return not_attempted("causal_linear_attn")
+    out = require_tensor("causal_linear_attn(q, k, v)", out, (2, 9, 3))
+    want = _linear_quadratic(q, k, v, True)
+    if close(out, F.scaled_dot_product_attention(q, k, v, is_causal=True), atol=1e-4):
         raise ExerciseError("that is softmax attention; use the feature map phi(x) = elu(x) + 1 instead of exp")
-    if close(out, num, atol=1e-4):
-        raise ExerciseError("the normaliser is missing: divide by phi(q) . sum_j phi(k_j) so the weights sum to 1")
-    relu = torch.relu(q) @ (torch.relu(k).transpose(-2, -1) @ v)
-    relu = relu / (torch.relu(q) @ torch.relu(k).sum(-2, keepdim=True).transpose(-2, -1) + 1e-6)
-    if close(out, relu, atol=1e-4):
-        raise ExerciseError("phi is relu; use elu(x) + 1, which is positive everywhere (relu can give 0 / 0)")
-    if close(out, phi(q) @ (phi(k).transpose(-2, -1) @ v) / (phi(q).sum(-1, keepdim=True)), atol=1e-4):
-        raise ExerciseError("the normaliser is phi(q_i) . sum_j phi(k_j), a dot product with the summed key features")
-    if not close(out, num / den, atol=1e-4):
-        raise ExerciseError("expected phi(Q) (phi(K)^T V) / (phi(Q) sum_j phi(k_j)) with phi = elu + 1")
-    return passed("phi(Q) (phi(K)ᵀ V) / (phi(Q) Σ phi(k)): the n × n matrix is never formed")
+    if close(out, _linear_quadratic(q, k, v, False), atol=1e-4):
+        raise ExerciseError("every output uses every key: that is the non-causal form. Token i may see keys 0..i: "
+                            "read the state after adding token i, never the total over the sequence")
+    a = (_phi(q) @ _phi(k).transpose(-2, -1)).tril(-1)
+    if close(out[:, 1:], ((a @ v) / a.sum(-1, keepdim=True))[:, 1:], atol=1e-4):
+        raise ExerciseError("token i does not see its own key: add phi(k_i) v_i^T to the state before reading it")
+    if close(out, (_phi(q) @ _phi(k).transpose(-2, -1)).tril() @ v, atol=1e-4):
+        raise ExerciseError("the normaliser is missing: divide by phi(q_i) . z_i, z_i = sum_{j <= i} phi(k_j)")
+    if not close(out, want, atol=1e-4):
+        raise ExerciseError("expected out_i = phi(q_i)^T S_i / phi(q_i)^T z_i, S_i = sum_{j<=i} phi(k_j) v_j^T, "
+                            "z_i = sum_{j<=i} phi(k_j), with phi = elu + 1")
+    from torch.utils.flop_counter import FlopCounterMode
+
+    n, m = 256, 16
+    big = [torch.randn(1, n, m, generator=gen) for _ in range(3)]
+    with FlopCounterMode(display=False) as counter:
+        fn(*big)
+    if counter.get_total_flops() >= n * n * m:
+        raise ExerciseError(f"{counter.get_total_flops():,} matmul FLOPs at n = {n}: your code forms the n x n matrix "
+                            "phi(Q) phi(K)^T. Carry the state S (m x dv) and z (m) along the sequence instead")
+    return passed("a state S = Σ φ(k_j) v_jᵀ and z = Σ φ(k_j) carried token by token: causal, and no n × n matrix")
 
 
 def _causal_reference(q, k, v):

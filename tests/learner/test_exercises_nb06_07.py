@@ -165,14 +165,26 @@ def test_generate_checker_diagnoses(wrong, match, model):
 
 # ---------------------------------------------------------------- nb07
 def good_expand(k, h):
+    B, n_kv, S, dk = k.shape
+    return k[:, :, None].expand(B, n_kv, h // n_kv, S, dk).reshape(B, h, S, dk)
+
+
+def interleave_expand(k, h):
     return k.repeat_interleave(h // k.shape[1], dim=1)
+
+
+def group_first_expand(k, h):
+    B, n_kv, S, dk = k.shape
+    return k[:, None].expand(B, h // n_kv, n_kv, S, dk).reshape(B, h, S, dk)
 
 
 RIGHT["expand_kv"] = nb07.check_expand_kv, good_expand
 
 
 @pytest.mark.parametrize("wrong, match", [
-    (lambda k, h: k.repeat(1, h // k.shape[1], 1, 1), "repeat_interleave"),
+    (lambda k, h: k.repeat(1, h // k.shape[1], 1, 1), "tiled"),
+    (group_first_expand, "after it"),
+    (interleave_expand, "write it as a view"),
     (lambda k, h: k.repeat_interleave(h // k.shape[1], dim=2), r"expected shape \(2, 8, 5, 4\)"),
     (lambda k, h: k.repeat_interleave(h // k.shape[1], dim=1).flip(1), "right order"),
 ])

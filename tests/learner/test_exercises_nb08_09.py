@@ -93,31 +93,51 @@ def test_window_mask_diagnoses(wrong, fragment):
     expect_error(nb08.check_window_mask, wrong, fragment)
 
 
-# ----------------------------------------------------------------------------- nb08: linear_attn
+# ----------------------------------------------------------------------------- nb08: causal_linear_attn
 
 def phi(x):
     return F.elu(x) + 1
 
 
-def linear_right(q, k, v):
-    kv = phi(k).transpose(-2, -1) @ v
-    return (phi(q) @ kv) / (phi(q) @ phi(k).sum(-2).unsqueeze(-1))
+def causal_linear_right(q, k, v):
+    B, n, m = q.shape
+    S = torch.zeros(B, m, v.shape[-1])                                  # sum_j phi(k_j) v_j^T
+    z = torch.zeros(B, m)                                               # sum_j phi(k_j)
+    out = []
+    for i in range(n):
+        S = S + phi(k[:, i, :, None]) * v[:, i, None, :]
+        z = z + phi(k[:, i])
+        fq = phi(q[:, i])                                               # (B, m)
+        out.append((fq[:, None, :] @ S)[:, 0] / (fq * z).sum(-1, keepdim=True))
+    return torch.stack(out, dim=1)
 
 
-RIGHT["linear_attention"] = nb08.check_linear_attention, linear_right
+def causal_linear_cumsum(q, k, v):
+    S = torch.cumsum(phi(k)[..., :, None] * v[..., None, :], dim=1)    # (B, n, m, dv): no n x n
+    z = torch.cumsum(phi(k), dim=1)
+    return (phi(q)[..., None, :] @ S)[..., 0, :] / (phi(q) * z).sum(-1, keepdim=True)
+
+
+def quadratic(q, k, v, diagonal=0, normalise=True):
+    a = (phi(q) @ phi(k).transpose(-2, -1)).tril(diagonal)
+    return (a @ v) / a.sum(-1, keepdim=True) if normalise else a @ v
+
+
+RIGHT["causal_linear_attention"] = nb08.check_causal_linear_attention, causal_linear_right
+RIGHT["causal_linear_attention_cumsum"] = nb08.check_causal_linear_attention, causal_linear_cumsum
 
 
 @pytest.mark.parametrize("wrong,fragment", [
-    (lambda q, k, v: F.scaled_dot_product_attention(q, k, v), "softmax attention"),
-    (lambda q, k, v: phi(q) @ (phi(k).transpose(-2, -1) @ v), "normaliser is missing"),
-    (lambda q, k, v: (torch.relu(q) @ (torch.relu(k).transpose(-2, -1) @ v))
-     / (torch.relu(q) @ torch.relu(k).sum(-2).unsqueeze(-1) + 1e-6), "relu"),
-    (lambda q, k, v: phi(q) @ (phi(k).transpose(-2, -1) @ v) / phi(q).sum(-1, keepdim=True), "dot product"),
-    (lambda q, k, v: linear_right(q, k, v)[:, :, :2], "shape"),
-    (lambda q, k, v: linear_right(q, k, v) * 1.1, "expected"),
+    (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), "softmax attention"),
+    (lambda q, k, v: quadratic(q, k, v, diagonal=k.shape[1]), "non-causal form"),
+    (lambda q, k, v: quadratic(q, k, v, diagonal=-1).nan_to_num(), "its own key"),
+    (lambda q, k, v: quadratic(q, k, v, normalise=False), "normaliser is missing"),
+    (quadratic, "forms the n x n matrix"),
+    (lambda q, k, v: causal_linear_right(q, k, v)[:, :, :2], "shape"),
+    (lambda q, k, v: causal_linear_right(q, k, v) * 1.1, "expected"),
 ])
-def test_linear_attention_diagnoses(wrong, fragment):
-    expect_error(nb08.check_linear_attention, wrong, fragment)
+def test_causal_linear_attention_diagnoses(wrong, fragment):
+    expect_error(nb08.check_causal_linear_attention, wrong, fragment)
 
 
 # ----------------------------------------------------------------------------- nb08: causal_tiled_attention
