@@ -180,7 +180,10 @@ def _norm(config: DecoderConfig) -> nn.Module:
 
 
 class MLP(nn.Module):
-    """Position-wise feed-forward: GELU(x W_1) W_2, d -> d_ff -> d."""
+    """Position-wise feed-forward: GELU(x W_1) W_2, d -> d_ff -> d.
+
+    Taught in notebook 06, "Inside the model: the Transformer block".
+    """
 
     def __init__(self, d_model: int, d_ff: int):
         super().__init__()
@@ -194,7 +197,7 @@ class MLP(nn.Module):
 class DecoderBlock(nn.Module):
     """Pre-norm block: x + MHA(Norm(x)), then x + MLP(Norm(x)).
 
-    Taught in notebook 06, "A tiny decoder that really generates".
+    Taught in notebook 06, "Inside the model: the Transformer block".
     """
 
     def __init__(self, config: DecoderConfig, rope: RotaryEmbedding | None):

@@ -8,7 +8,7 @@ import torch
 
 from . import ExerciseError, NotAttempted, attempt, close, not_attempted, passed, require_tensor
 
-__all__ = ["KEYS", "VALUES", "check_second_query", "check_weights_at_scale"]
+__all__ = ["KEYS", "VALUES", "check_second_query", "check_scale_for_weight"]
 
 KEYS = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])    # k1, k2, k3
 VALUES = torch.tensor([[1.0, 0.0], [0.0, 2.0], [1.0, 1.0]])  # v1, v2, v3
@@ -35,21 +35,37 @@ def check_second_query(weights, output) -> None:
                   f"{[round(x, 2) for x in (expected @ VALUES).tolist()]}")
 
 
-def check_weights_at_scale(fn) -> None:
-    """``fn(c)`` must return the (3,) weights of query c * [1, 0] in the worked example."""
-    q = torch.tensor([1.0, 0.0])
+def _middle_weight(c: float) -> float:
+    """Token 2's weight for the query c * [1, 0] over the example's keys (scaled by sqrt(2))."""
+    return torch.softmax(KEYS.double() @ torch.tensor([c, 0.0], dtype=torch.float64) / math.sqrt(2), dim=-1)[1].item()
+
+
+def check_scale_for_weight(fn) -> None:
+    """``fn(w)`` must return the c > 0 at which the query c * [1, 0] gives token 2 the weight w (0 < w < 1/3).
+
+    The scores are c/sqrt(2) * [1, 0, 1], so w = 1 / (1 + 2 exp(c / sqrt(2))) and
+    c = sqrt(2) * ln((1 / w - 1) / 2).
+    """
     try:
-        attempt(fn, 1.0)
+        attempt(fn, 0.1)
     except NotAttempted:
-        return not_attempted("weights_at_scale")
-    for c in (1.0, 3.0, 10.0):
-        got = require_tensor(f"weights_at_scale({c})", torch.as_tensor(attempt(fn, c), dtype=torch.float32), (3,))
-        expected = torch.softmax((KEYS @ (c * q)) / math.sqrt(2), dim=-1)
-        if c != 1.0 and close(got, torch.softmax((KEYS @ (c * q)) * c / math.sqrt(2), dim=-1), atol=1e-4):
-            raise ExerciseError("you scaled both the query and the keys (scores grow like c^2): scale the query only")
-        if close(got, torch.softmax(KEYS @ (c * q), dim=-1), atol=1e-4):
-            raise ExerciseError("the scores are missing the 1/sqrt(dk) = 1/sqrt(2) factor")
-        if not close(got, expected, atol=1e-4):
-            want, have = [round(x, 4) for x in expected.tolist()], [round(x, 4) for x in got.tolist()]
-            raise ExerciseError(f"weights_at_scale({c}) should be softmax((c q) . k_j / sqrt(2)) = {want}, got {have}")
-    return passed("the middle weight falls from 0.20 (c=1) to about 0.0004 (c=10) while the other two approach 0.5")
+        return not_attempted("scale_for_weight")
+    for w in (0.1, 0.01, 1e-4):
+        got = attempt(fn, w)
+        try:
+            c = float(got)
+        except (TypeError, ValueError):
+            raise ExerciseError(f"scale_for_weight({w}) should return a number c, got {type(got).__name__}") from None
+        if math.isclose(c, math.log((1 / w - 1) / 2), rel_tol=1e-4):
+            raise ExerciseError("the scores are c/sqrt(2) * [1, 0, 1], not c * [1, 0, 1]: multiply your c by sqrt(2)")
+        if math.isclose(c, math.sqrt(2) * math.log(1 / w - 1), rel_tol=1e-4):
+            raise ExerciseError("two keys (k1 and k3) score c/sqrt(2), not one: w = 1 / (1 + 2 exp(c/sqrt(2))), "
+                                "so the 2 divides (1/w - 1) inside the log")
+        if not math.isfinite(c) or not math.isclose(_middle_weight(c), w, rel_tol=1e-3):
+            have = _middle_weight(c) if math.isfinite(c) else float("nan")
+            raise ExerciseError(f"at your c = {c:.4g} for w = {w}, token 2's weight is {have:.4g}: write w as a "
+                                "function of c (softmax of the three scores) and solve for c")
+    def scale(w):
+        return math.sqrt(2) * math.log((1 / w - 1) / 2)
+    return passed(f"c = sqrt(2) ln((1/w - 1) / 2): token 2's weight is 1% at c = {scale(0.01):.1f} and 0.01% at "
+                  f"c = {scale(1e-4):.1f}; it falls exponentially as the query grows")

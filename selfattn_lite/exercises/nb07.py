@@ -1,16 +1,21 @@
-"""Checkers for notebook 07: expanding K/V heads for grouped-query attention; mean-pooling an MHA checkpoint."""
+"""Checkers for notebook 07: expanding K/V heads for grouped-query attention; mean-pooling an MHA checkpoint;
+a serving budget (K/V heads and cache dtype that fit a GPU)."""
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 
+from ..presets import get_preset
 from . import ExerciseError, NotAttempted, attempt, close, not_attempted, passed, require_tensor
 
-__all__ = ["check_expand_kv", "check_mean_pool"]
+__all__ = ["check_expand_kv", "check_mean_pool", "check_serving_plans"]
 
 
 def check_expand_kv(fn) -> None:
-    """``fn(k, n_heads)`` must turn k (B, n_kv, S, dk) into (B, n_heads, S, dk), query head i using K/V head i // g."""
+    """``fn(k, n_heads)`` must turn k (B, n_kv, S, dk) into (B, n_heads, S, dk), query head i using K/V head i // g,
+    without ``repeat_interleave`` (which the notebook already shows): a group axis, ``expand``, ``reshape``."""
     gen = torch.Generator().manual_seed(7)
     B, n_kv, S, dk, n_heads = 2, 2, 5, 4, 8
     k = torch.randn(B, n_kv, S, dk, generator=gen)
@@ -23,13 +28,22 @@ def check_expand_kv(fn) -> None:
     require_tensor("expand_kv(k, 8)", got)
     if got.shape != expected.shape:
         raise ExerciseError(f"expected shape {tuple(expected.shape)} = (B, n_heads, S, dk), got {tuple(got.shape)}: "
-                            "copy along the head dim (dim=1)")
+                            "the group axis is merged into the head axis (dim=1)")
     if close(got, k.repeat(1, g, 1, 1)):
-        raise ExerciseError("this is `repeat` (tiling): query head 1 gets K/V head 1, head 2 gets head 0 ... "
-                            "Query heads 0-3 must all use K/V head 0 and heads 4-7 head 1: use repeat_interleave")
+        raise ExerciseError("the heads are tiled (kv0, kv1, kv0, kv1, ...), what `repeat` or a group axis placed "
+                            "before the K/V head axis gives. Query heads 0-3 must all use K/V head 0: insert the "
+                            "group axis after it, k[:, :, None], then expand and reshape")
     if not close(got, expected):
         raise ExerciseError("the heads are not in the right order: query head i must read K/V head i // g")
-    return passed("repeat_interleave along the head dim: query heads 0-3 read K/V head 0, heads 4-7 head 1")
+    try:
+        source = inspect.getsource(fn)
+    except (OSError, TypeError):
+        source = ""
+    if "repeat_interleave" in source:
+        raise ExerciseError("right, but that is the notebook's repeat_interleave: write it as a view instead, "
+                            "k[:, :, None].expand(B, n_kv, g, S, dk), then reshape to (B, n_heads, S, dk)")
+    return passed("a group axis after the K/V heads, expanded (a view, no copy) then reshaped (one copy): query "
+                  "heads 0-3 read K/V head 0, heads 4-7 head 1")
 
 
 def check_mean_pool(fn) -> None:
@@ -64,3 +78,65 @@ def check_mean_pool(fn) -> None:
         raise ExerciseError("not the per-group mean of the heads: view the rows as (n_kv_heads, g, dk, d_in) "
                             "and average over dim 1")
     return passed("K/V head j = mean of query-group j's heads, as in the GQA paper's conversion")
+
+
+CACHE_DTYPES = (2, 1, 0.5)   # bytes per cached value: bf16, 8-bit, 4-bit
+
+
+def _kv_options(p) -> list[int]:
+    """K/V head counts a grouped-query version of preset p may use: divisors of n_heads up to its own."""
+    return [h for h in range(1, p.n_kv_heads + 1) if p.n_heads % h == 0]
+
+
+def _plans(name, batch, seq_len, gpu_bytes, weight_bytes, *, weights=True, kv_factor=1.0, kv_options=None,
+           batch_factor=True):
+    p = get_preset(name)
+    options = _kv_options(p) if kv_options is None else kv_options(p)
+    fixed = p.weight_bytes(weight_bytes) if weights else 0
+    return {(h, b) for h in options for b in CACHE_DTYPES
+            if fixed + kv_factor * p.kv_bytes(seq_len, batch if batch_factor else 1, b, n_kv_heads=h) <= gpu_bytes}
+
+
+def check_serving_plans(fn) -> None:
+    """``fn(name, batch, seq_len, gpu_bytes, weight_bytes_per_value)`` -> the set of (n_kv_heads, bytes_per_value).
+
+    Every pair, with n_kv_heads a divisor of the model's n_heads no larger than its own n_kv_heads and
+    bytes_per_value in (2, 1, 0.5), for which the weights (n_params x weight_bytes_per_value) plus the
+    KV cache of ``batch`` sequences of ``seq_len`` tokens fit in ``gpu_bytes``.
+    """
+    cases = [("Llama-3-70B", 32, 32768, 80 * 10**9, 0.5), ("Llama-3-70B", 32, 32768, 80 * 10**9, 2),
+             ("Llama-3-8B", 16, 8192, 24 * 10**9, 2), ("Mistral-7B", 8, 32768, 40 * 10**9, 1),
+             ("Llama-3-70B", 4, 8192, 160 * 10**9, 2)]
+    try:
+        attempt(fn, *cases[0])
+    except NotAttempted:
+        return not_attempted("plans_that_fit")
+    for case in cases:
+        got = attempt(fn, *case)
+        try:
+            got = {(int(h), float(b)) for h, b in got}
+        except (TypeError, ValueError):
+            raise ExerciseError("return a set (or list) of pairs (n_kv_heads, bytes_per_value)") from None
+        want = _plans(*case)
+        if got == want:
+            continue
+        where = f"for {case[0]}, batch {case[1]}, {case[2]:,} tokens, {case[3] / 1e9:.0f} GB, weights at {case[4]} B"
+        if got == _plans(*case, weights=False):
+            raise ExerciseError(f"{where}: the weights need memory too: n_params x weight_bytes_per_value "
+                                "(get_preset(name).weight_bytes(...)) comes out of the same GPU")
+        if got == _plans(*case, kv_factor=0.5):
+            raise ExerciseError(f"{where}: the cache holds keys AND values: 2 x layers x kv_heads x head_dim x tokens "
+                                "x batch x bytes")
+        if got == _plans(*case, batch_factor=False):
+            raise ExerciseError(f"{where}: the cache is per sequence: multiply by the batch")
+        if got == _plans(*case, kv_options=lambda p: [p.n_kv_heads]):
+            raise ExerciseError(f"{where}: try every K/V head count the model could be converted to (the divisors "
+                                "of n_heads up to its own n_kv_heads), not only its own")
+        if any(h > get_preset(case[0]).n_kv_heads or get_preset(case[0]).n_heads % h for h, _ in got):
+            raise ExerciseError(f"{where}: K/V head counts must divide n_heads and not exceed the model's own "
+                                "n_kv_heads (GQA shares heads, it does not add them)")
+        missing, extra = sorted(want - got), sorted(got - want)
+        raise ExerciseError(f"{where}: expected {sorted(want)}; missing {missing}, not fitting but returned {extra}")
+    return passed("weights + 2 x layers x kv_heads x head_dim x tokens x batch x bytes <= the GPU; Llama-3-70B "
+                  "at 32 x 32k tokens fits one 80 GB GPU only with 4-bit weights and 1 to 4 K/V heads")
+

@@ -1,5 +1,5 @@
 """Checkers for notebook 08: merging online-softmax statistics, counting tiles, a sliding-window
-mask, and linear attention."""
+mask, causal linear attention as a recurrence, and the causal tiled loop itself."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import torch.nn.functional as F
 
 from . import ExerciseError, NotAttempted, attempt, close, not_attempted, passed, require_tensor
 
-__all__ = ["check_merge_stats", "check_tile_count", "check_window_mask", "check_linear_attention"]
+__all__ = ["check_merge_stats", "check_tile_count", "check_window_mask", "check_causal_linear_attention",
+           "check_causal_tiled"]
 
 
 def _merge_reference(m1, l1, m2, l2):
@@ -128,29 +129,137 @@ def check_window_mask(fn) -> None:
     return passed("a causal sliding window: query i sees keys i − window + 1 .. i")
 
 
-def check_linear_attention(fn) -> None:
-    """``fn(q, k, v) -> (..., L, Ev)``: non-causal linear attention with phi(x) = elu(x) + 1."""
+def _phi(x):
+    return F.elu(x) + 1
+
+
+def _linear_quadratic(q, k, v, is_causal):
+    """Linear attention the n x n way: (phi(Q) phi(K)^T, lower triangle when causal) V / row sums."""
+    a = _phi(q) @ _phi(k).transpose(-2, -1)                   # (B, n, n)
+    if is_causal:
+        a = a.tril()
+    return (a @ v) / a.sum(-1, keepdim=True)
+
+
+def check_causal_linear_attention(fn) -> None:
+    """``fn(q, k, v) -> (B, n, dv)``: causal linear attention, phi(x) = elu(x) + 1, as a recurrence.
+
+    out_i = phi(q_i)^T S_i / phi(q_i)^T z_i with S_i = sum_{j <= i} phi(k_j) v_j^T and
+    z_i = sum_{j <= i} phi(k_j): a state of fixed size carried along the sequence, no n x n matrix
+    (checked by counting the matmul FLOPs at n = 256).
+    """
     gen = torch.Generator().manual_seed(9)
-    q, k = torch.randn(2, 5, 4, generator=gen), torch.randn(2, 7, 4, generator=gen)
-    v = torch.randn(2, 7, 3, generator=gen)
+    q, k = torch.randn(2, 9, 4, generator=gen), torch.randn(2, 9, 4, generator=gen)
+    v = torch.randn(2, 9, 3, generator=gen)
     try:
         out = attempt(fn, q, k, v)
     except NotAttempted:
-        return not_attempted("linear_attn")
-    out = require_tensor("linear_attn(q, k, v)", out, (2, 5, 3))
-    phi = lambda x: F.elu(x) + 1  # noqa: E731
-    num = phi(q) @ (phi(k).transpose(-2, -1) @ v)
-    den = phi(q) @ phi(k).sum(-2, keepdim=True).transpose(-2, -1)
-    if close(out, F.scaled_dot_product_attention(q, k, v), atol=1e-4):
+        return not_attempted("causal_linear_attn")
+    out = require_tensor("causal_linear_attn(q, k, v)", out, (2, 9, 3))
+    want = _linear_quadratic(q, k, v, True)
+    if close(out, F.scaled_dot_product_attention(q, k, v, is_causal=True), atol=1e-4):
         raise ExerciseError("that is softmax attention; use the feature map phi(x) = elu(x) + 1 instead of exp")
-    if close(out, num, atol=1e-4):
-        raise ExerciseError("the normaliser is missing: divide by phi(q) . sum_j phi(k_j) so the weights sum to 1")
-    relu = torch.relu(q) @ (torch.relu(k).transpose(-2, -1) @ v)
-    relu = relu / (torch.relu(q) @ torch.relu(k).sum(-2, keepdim=True).transpose(-2, -1) + 1e-6)
-    if close(out, relu, atol=1e-4):
-        raise ExerciseError("phi is relu; use elu(x) + 1, which is positive everywhere (relu can give 0 / 0)")
-    if close(out, phi(q) @ (phi(k).transpose(-2, -1) @ v) / (phi(q).sum(-1, keepdim=True)), atol=1e-4):
-        raise ExerciseError("the normaliser is phi(q_i) . sum_j phi(k_j), a dot product with the summed key features")
-    if not close(out, num / den, atol=1e-4):
-        raise ExerciseError("expected phi(Q) (phi(K)^T V) / (phi(Q) sum_j phi(k_j)) with phi = elu + 1")
-    return passed("phi(Q) (phi(K)ᵀ V) / (phi(Q) Σ phi(k)): the n × n matrix is never formed")
+    if close(out, _linear_quadratic(q, k, v, False), atol=1e-4):
+        raise ExerciseError("every output uses every key: that is the non-causal form. Token i may see keys 0..i: "
+                            "read the state after adding token i, never the total over the sequence")
+    a = (_phi(q) @ _phi(k).transpose(-2, -1)).tril(-1)
+    if close(out[:, 1:], ((a @ v) / a.sum(-1, keepdim=True))[:, 1:], atol=1e-4):
+        raise ExerciseError("token i does not see its own key: add phi(k_i) v_i^T to the state before reading it")
+    if close(out, (_phi(q) @ _phi(k).transpose(-2, -1)).tril() @ v, atol=1e-4):
+        raise ExerciseError("the normaliser is missing: divide by phi(q_i) . z_i, z_i = sum_{j <= i} phi(k_j)")
+    if not close(out, want, atol=1e-4):
+        raise ExerciseError("expected out_i = phi(q_i)^T S_i / phi(q_i)^T z_i, S_i = sum_{j<=i} phi(k_j) v_j^T, "
+                            "z_i = sum_{j<=i} phi(k_j), with phi = elu + 1")
+    from torch.utils.flop_counter import FlopCounterMode
+
+    n, m = 256, 16
+    big = [torch.randn(1, n, m, generator=gen) for _ in range(3)]
+    with FlopCounterMode(display=False) as counter:
+        fn(*big)
+    if counter.get_total_flops() >= n * n * m:
+        raise ExerciseError(f"{counter.get_total_flops():,} matmul FLOPs at n = {n}: your code forms the n x n matrix "
+                            "phi(Q) phi(K)^T. Carry the state S (m x dv) and z (m) along the sequence instead")
+    return passed("a state S = Σ φ(k_j) v_jᵀ and z = Σ φ(k_j) carried token by token: causal, and no n × n matrix")
+
+
+def _causal_reference(q, k, v):
+    """Causal softmax attention in float64, returned in q's dtype."""
+    out = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=True)
+    return out.to(q.dtype)
+
+
+def _matmul_flops(fn, *args) -> int:
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        fn(*args)
+    return counter.get_total_flops()
+
+
+def check_causal_tiled(fn, peak_memory=None) -> None:
+    """``fn(q, k, v, block_size) -> out``: causal attention by tiles with an online softmax.
+
+    q, k, v (B, h, n, d); square tiles of ``block_size`` queries x ``block_size`` keys, the tiles
+    above the diagonal skipped. Graded beyond the output: the same answer at every block size
+    (block sizes that do not divide n included), stable at scores of about 1e4, no work on
+    the skipped tiles (matmul FLOPs counted), and, when ``peak_memory`` (the course's
+    ``memory.peak_memory``) is given, a peak memory well below that of the n x n scores.
+    """
+    gen = torch.Generator().manual_seed(80)
+    q, k, v = (torch.randn(2, 3, 19, 8, generator=gen) for _ in range(3))
+    try:
+        out = attempt(fn, q, k, v, 4)
+    except NotAttempted:
+        return not_attempted("causal_tiled_attention")
+    out = require_tensor("the output", out, q.shape)
+    want = _causal_reference(q, k, v)
+    if close(out, F.scaled_dot_product_attention(q, k, v)):
+        raise ExerciseError("the output is non-causal attention: mask the keys j > i inside the tiles that "
+                            "straddle the diagonal (and skip the tiles above it)")
+    if close(out, F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1.0)):
+        raise ExerciseError("the scores are not scaled: divide q k^T by sqrt(d)")
+    one_tile = attempt(fn, q, k, v, 19)          # one tile holds every row: no running statistics needed
+    by_row = attempt(fn, q, k, v, 1)             # 1 x 1 tiles: none straddles the diagonal
+    if not close(one_tile, want):
+        if close(by_row, want):
+            raise ExerciseError("right with 1 x 1 tiles, wrong when a tile straddles the diagonal: inside such a "
+                                "tile, mask the keys j > i before the softmax")
+        raise ExerciseError("wrong even with block_size = n (one tile): check the scores, the causal mask "
+                            "and the division by the row sum")
+    for block in (1, 2, 3, 4, 5, 8, 16, 32):
+        got = attempt(fn, q, k, v, block)
+        if not close(got, want):
+            raise ExerciseError(f"right with one tile but wrong with block_size={block}: when a new tile raises a "
+                                "row's max m, rescale the running sum l and the accumulator by exp(m_old - m_new) "
+                                "before adding the tile's part (and divide by l only at the end)")
+    big_q, big_k = 100 * q, 100 * k              # scores q k^T / sqrt(d) of order 1e4
+    big = attempt(fn, big_q, big_k, v, 4)
+    if not torch.isfinite(torch.as_tensor(big)).all():
+        raise ExerciseError("NaN or inf when the scores are about 1e4: exp(1e4) overflows. Subtract the running "
+                            "max m before exponentiating: exp(s - m), with m updated tile by tile")
+    if not close(big, _causal_reference(big_q, big_k, v), atol=1e-4, rtol=1e-3):
+        raise ExerciseError("inaccurate when the scores are about 1e4: subtract the running max before exp "
+                            "and rescale by exp(m_old - m_new), never by exp(m_new - m_old)")
+    # the work: 64 queries and keys in tiles of 8 -> 36 of the 64 tiles are at or below the diagonal
+    small = [torch.randn(1, 1, 64, 16, generator=gen) for _ in range(3)]
+    flops = _matmul_flops(fn, *small, 8)
+    per_tile = 2 * 2 * 8 * 8 * 16                # q k^T and p v, one multiply-add = 2 FLOPs
+    if flops > 1.05 * 36 * per_tile:
+        raise ExerciseError(f"your loop computes {flops / per_tile:.0f} tiles' worth of matmuls where 36 of 64 are "
+                            "needed: stop the key loop at the query block's last row (k0 < q0 + block_size), the "
+                            "tiles after it are entirely masked")
+    message = ("the same causal attention at every block size, stable at scores of 1e4, "
+               "the 28 masked tiles of 64 skipped")
+    if peak_memory is not None:
+        n, block = 512, 64
+        large = [torch.randn(1, 2, n, 16, generator=gen) for _ in range(3)]
+        scores_bytes = 1 * 2 * n * n * 4
+        peak = peak_memory(lambda: fn(*large, block))
+        if peak >= scores_bytes / 4:
+            raise ExerciseError(f"peak memory {peak / 2**20:.1f} MiB at n = {n}, against "
+                                f"{scores_bytes / 2**20:.0f} MiB for the n x n scores: some step forms a matrix as "
+                                "large as the scores (a full mask, a full score row, or all tiles kept until the "
+                                "end); keep one tile at a time")
+        message += f", peak memory under a quarter of the n x n scores at n = {n}"
+    return passed(message)
+

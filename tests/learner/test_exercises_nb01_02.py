@@ -98,23 +98,22 @@ def test_second_query_checker(capsys):
         nb02.check_second_query(w[:2], w @ nb02.VALUES)
 
 
-Q = torch.tensor([1.0, 0.0])
+def good_scale_for_weight(w):
+    return math.sqrt(2) * math.log((1 / w - 1) / 2)
 
 
-def good_weights_at_scale(c):
-    return torch.softmax(nb02.KEYS @ (c * Q) / math.sqrt(2), -1)
-
-
-RIGHT["weights_at_scale"] = nb02.check_weights_at_scale, good_weights_at_scale
+RIGHT["scale_for_weight"] = nb02.check_scale_for_weight, good_scale_for_weight
 
 
 @pytest.mark.parametrize("wrong, match", [
-    (lambda c: torch.softmax((c * nb02.KEYS) @ (c * Q) / math.sqrt(2), -1), "scale the query only"),
-    (lambda c: torch.softmax(nb02.KEYS @ (c * Q), -1), "1/sqrt"),
+    (lambda w: math.log((1 / w - 1) / 2), "multiply your c by sqrt"),
+    (lambda w: math.sqrt(2) * math.log(1 / w - 1), "two keys"),
+    (lambda w: math.sqrt(2) * math.log(1 / w), "solve for c"),
+    (lambda w: "large", "return a number"),
 ])
-def test_weights_at_scale_checker_diagnoses(wrong, match):
+def test_scale_for_weight_checker_diagnoses(wrong, match):
     with pytest.raises(ExerciseError, match=match):
-        nb02.check_weights_at_scale(wrong)
+        nb02.check_scale_for_weight(wrong)
 
 
 test_right_and_not_attempted = right_and_not_attempted_test(RIGHT, stub)

@@ -8,6 +8,7 @@ from helpers import expect_correct, expect_not_attempted, right_and_not_attempte
 
 from selfattn_lite.exercises import ExerciseError, nb06, nb07
 from selfattn_lite.models import DecoderConfig, TinyDecoder
+from selfattn_lite.presets import get_preset
 
 
 def stub(*args):
@@ -164,14 +165,26 @@ def test_generate_checker_diagnoses(wrong, match, model):
 
 # ---------------------------------------------------------------- nb07
 def good_expand(k, h):
+    B, n_kv, S, dk = k.shape
+    return k[:, :, None].expand(B, n_kv, h // n_kv, S, dk).reshape(B, h, S, dk)
+
+
+def interleave_expand(k, h):
     return k.repeat_interleave(h // k.shape[1], dim=1)
+
+
+def group_first_expand(k, h):
+    B, n_kv, S, dk = k.shape
+    return k[:, None].expand(B, h // n_kv, n_kv, S, dk).reshape(B, h, S, dk)
 
 
 RIGHT["expand_kv"] = nb07.check_expand_kv, good_expand
 
 
 @pytest.mark.parametrize("wrong, match", [
-    (lambda k, h: k.repeat(1, h // k.shape[1], 1, 1), "repeat_interleave"),
+    (lambda k, h: k.repeat(1, h // k.shape[1], 1, 1), "tiled"),
+    (group_first_expand, "after it"),
+    (interleave_expand, "write it as a view"),
     (lambda k, h: k.repeat_interleave(h // k.shape[1], dim=2), r"expected shape \(2, 8, 5, 4\)"),
     (lambda k, h: k.repeat_interleave(h // k.shape[1], dim=1).flip(1), "right order"),
 ])
@@ -197,6 +210,40 @@ RIGHT["mean_pool"] = nb07.check_mean_pool, good_pool
 def test_mean_pool_checker_diagnoses(wrong, match):
     with pytest.raises(ExerciseError, match=match):
         nb07.check_mean_pool(wrong)
+
+
+# ----------------------------------------------------------------------------- nb07: plans_that_fit
+
+def plans_that_fit(name, batch, seq_len, gpu_bytes, weight_bytes_per_value):
+    p = get_preset(name)
+    kv_options = [h for h in range(1, p.n_kv_heads + 1) if p.n_heads % h == 0]    # GQA: divisors of n_heads
+    weights = p.weight_bytes(weight_bytes_per_value)
+    return {(h, b) for h in kv_options for b in (2, 1, 0.5)                        # bf16, 8-bit, 4-bit cache
+            if weights + p.kv_bytes(seq_len, batch, b, n_kv_heads=h) <= gpu_bytes}
+
+
+RIGHT["serving_plans"] = nb07.check_serving_plans, plans_that_fit
+
+
+def plans_variant(**flags):
+    def plans(name, batch, seq_len, gpu_bytes, weight_bytes_per_value):
+        return nb07._plans(name, batch, seq_len, gpu_bytes, weight_bytes_per_value, **flags)
+    return plans
+
+
+@pytest.mark.parametrize("wrong, fragment", [
+    (plans_variant(weights=False), "the weights need memory too"),
+    (plans_variant(kv_factor=0.5), "keys AND values"),
+    (plans_variant(batch_factor=False), "multiply by the batch"),
+    (plans_variant(kv_options=lambda p: [p.n_kv_heads]), "try every K/V head count"),
+    (plans_variant(kv_options=lambda p: [h for h in (1, 2, 4, 8, 16) if p.n_heads % h == 0]), "must divide n_heads"),
+    (lambda *case: {(1, 2)}, "expected"),
+    (lambda *case: 3, "a set (or list) of pairs"),
+])
+def test_serving_plans_diagnoses(wrong, fragment):
+    with pytest.raises(ExerciseError, match=None) as info:
+        nb07.check_serving_plans(wrong)
+    assert fragment in str(info.value), str(info.value)
 
 
 test_right_and_not_attempted = right_and_not_attempted_test(RIGHT, stub)

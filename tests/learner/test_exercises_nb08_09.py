@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from helpers import expect_error, right_and_not_attempted_test
 
+from selfattn_lite.course.memory import peak_memory
 from selfattn_lite.exercises import nb08, nb09
 
 
@@ -92,31 +93,109 @@ def test_window_mask_diagnoses(wrong, fragment):
     expect_error(nb08.check_window_mask, wrong, fragment)
 
 
-# ----------------------------------------------------------------------------- nb08: linear_attn
+# ----------------------------------------------------------------------------- nb08: causal_linear_attn
 
 def phi(x):
     return F.elu(x) + 1
 
 
-def linear_right(q, k, v):
-    kv = phi(k).transpose(-2, -1) @ v
-    return (phi(q) @ kv) / (phi(q) @ phi(k).sum(-2).unsqueeze(-1))
+def causal_linear_right(q, k, v):
+    B, n, m = q.shape
+    S = torch.zeros(B, m, v.shape[-1])                                  # sum_j phi(k_j) v_j^T
+    z = torch.zeros(B, m)                                               # sum_j phi(k_j)
+    out = []
+    for i in range(n):
+        S = S + phi(k[:, i, :, None]) * v[:, i, None, :]
+        z = z + phi(k[:, i])
+        fq = phi(q[:, i])                                               # (B, m)
+        out.append((fq[:, None, :] @ S)[:, 0] / (fq * z).sum(-1, keepdim=True))
+    return torch.stack(out, dim=1)
 
 
-RIGHT["linear_attention"] = nb08.check_linear_attention, linear_right
+def causal_linear_cumsum(q, k, v):
+    S = torch.cumsum(phi(k)[..., :, None] * v[..., None, :], dim=1)    # (B, n, m, dv): no n x n
+    z = torch.cumsum(phi(k), dim=1)
+    return (phi(q)[..., None, :] @ S)[..., 0, :] / (phi(q) * z).sum(-1, keepdim=True)
+
+
+def quadratic(q, k, v, diagonal=0, normalise=True):
+    a = (phi(q) @ phi(k).transpose(-2, -1)).tril(diagonal)
+    return (a @ v) / a.sum(-1, keepdim=True) if normalise else a @ v
+
+
+RIGHT["causal_linear_attention"] = nb08.check_causal_linear_attention, causal_linear_right
+RIGHT["causal_linear_attention_cumsum"] = nb08.check_causal_linear_attention, causal_linear_cumsum
 
 
 @pytest.mark.parametrize("wrong,fragment", [
-    (lambda q, k, v: F.scaled_dot_product_attention(q, k, v), "softmax attention"),
-    (lambda q, k, v: phi(q) @ (phi(k).transpose(-2, -1) @ v), "normaliser is missing"),
-    (lambda q, k, v: (torch.relu(q) @ (torch.relu(k).transpose(-2, -1) @ v))
-     / (torch.relu(q) @ torch.relu(k).sum(-2).unsqueeze(-1) + 1e-6), "relu"),
-    (lambda q, k, v: phi(q) @ (phi(k).transpose(-2, -1) @ v) / phi(q).sum(-1, keepdim=True), "dot product"),
-    (lambda q, k, v: linear_right(q, k, v)[:, :, :2], "shape"),
-    (lambda q, k, v: linear_right(q, k, v) * 1.1, "expected"),
+    (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), "softmax attention"),
+    (lambda q, k, v: quadratic(q, k, v, diagonal=k.shape[1]), "non-causal form"),
+    (lambda q, k, v: quadratic(q, k, v, diagonal=-1).nan_to_num(), "its own key"),
+    (lambda q, k, v: quadratic(q, k, v, normalise=False), "normaliser is missing"),
+    (quadratic, "forms the n x n matrix"),
+    (lambda q, k, v: causal_linear_right(q, k, v)[:, :, :2], "shape"),
+    (lambda q, k, v: causal_linear_right(q, k, v) * 1.1, "expected"),
 ])
-def test_linear_attention_diagnoses(wrong, fragment):
-    expect_error(nb08.check_linear_attention, wrong, fragment)
+def test_causal_linear_attention_diagnoses(wrong, fragment):
+    expect_error(nb08.check_causal_linear_attention, wrong, fragment)
+
+
+# ----------------------------------------------------------------------------- nb08: causal_tiled_attention
+
+def tiled(skip=True, diagonal_mask=True, rescale=True, subtract_max=True, scale=True, full_mask=False):
+    """A causal tiled attention with online softmax; each flag off plants one mistake."""
+    def causal_tiled_attention(q, k, v, block_size):
+        n, d = q.shape[-2], q.shape[-1]
+        out = torch.empty_like(q)
+        big_mask = torch.ones(n, n).tril() if full_mask else None         # an n x n float mask: O(n^2) memory
+        for q0 in range(0, n, block_size):
+            q_blk = q[..., q0:q0 + block_size, :] / (math.sqrt(d) if scale else 1.0)
+            rows = torch.arange(q0, q0 + q_blk.shape[-2])[:, None]
+            m = torch.full(q_blk.shape[:-1], float("-inf"))
+            l = torch.zeros(q_blk.shape[:-1])
+            acc = torch.zeros(q_blk.shape[:-1] + (v.shape[-1],))
+            for k0 in range(0, q0 + q_blk.shape[-2] if skip else n, block_size):
+                s = q_blk @ k[..., k0:k0 + block_size, :].transpose(-2, -1)
+                cols = torch.arange(k0, k0 + s.shape[-1])[None, :]
+                if full_mask:
+                    s = s.masked_fill(big_mask[q0:q0 + s.shape[-2], k0:k0 + s.shape[-1]] == 0, float("-inf"))
+                elif diagonal_mask:
+                    s = s.masked_fill(cols > rows, float("-inf"))
+                m_new = torch.maximum(m, s.amax(-1)) if subtract_max else torch.zeros_like(m)
+                p = torch.exp(s - m_new[..., None])
+                factor = torch.exp(m - m_new) if (rescale and subtract_max) else torch.ones_like(m)
+                l = l * factor + p.sum(-1)
+                acc = acc * factor[..., None] + p @ v[..., k0:k0 + block_size, :]
+                m = m_new
+            out[..., q0:q0 + block_size, :] = acc / l[..., None]
+        return out
+    return causal_tiled_attention
+
+
+def check_tiled_with_memory(fn):
+    nb08.check_causal_tiled(fn, peak_memory)
+
+
+RIGHT["causal_tiled"] = nb08.check_causal_tiled, tiled()
+RIGHT["causal_tiled_memory"] = check_tiled_with_memory, tiled()
+
+
+@pytest.mark.parametrize("wrong,fragment", [
+    (tiled(skip=False), "tiles' worth of matmuls"),
+    (tiled(diagonal_mask=False), "right with 1 x 1 tiles"),
+    (tiled(skip=False, diagonal_mask=False), "non-causal attention"),
+    (tiled(rescale=False), "rescale the running sum"),
+    (tiled(subtract_max=False), "exp(1e4) overflows"),
+    (tiled(scale=False), "not scaled"),
+    (lambda q, k, v, block_size: F.scaled_dot_product_attention(q, k, v, is_causal=True)[..., :-1, :], "shape"),
+])
+def test_causal_tiled_diagnoses(wrong, fragment):
+    expect_error(nb08.check_causal_tiled, wrong, fragment)
+
+
+def test_causal_tiled_memory_catches_an_n_by_n_mask():
+    expect_error(check_tiled_with_memory, tiled(full_mask=True), "for the n x n scores")
+    nb08.check_causal_tiled(tiled(full_mask=True))            # without the memory measurement it passes
 
 
 # ----------------------------------------------------------------------------- nb09: the fixed snippets
