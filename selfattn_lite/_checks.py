@@ -33,12 +33,14 @@ def is_real(x) -> bool:
     return isinstance(x, numbers.Real) and not isinstance(x, bool)
 
 
-def check_int(name: str, n, *, low: int = 0, high: int | None = None) -> int:
-    """n as a Python int, if it is an integer with low <= n (<= high); else ValueError."""
-    if is_int(n) and n >= low and (high is None or n <= high):
+def check_int(name: str, n, *, low: int | None = 0, high: int | None = None) -> int:
+    """n as a Python int, if it is an integer with low <= n (<= high); else ValueError. ``low=None``: any int."""
+    if is_int(n) and (low is None or n >= low) and (high is None or n <= high):
         return int(n)
     if high is not None:
-        what = f"an int in [{low}, {high}]"
+        what = f"an int in [{low}, {high}]" if low is not None else f"an int <= {high}"
+    elif low is None:
+        what = "an int"
     else:
         what = {0: "a non-negative int", 1: "a positive int"}.get(low, f"an int >= {low}")
     raise ValueError(f"{name} must be {what}, got {n!r}")
@@ -145,21 +147,22 @@ def check_same_dtype(**tensors) -> torch.dtype:
 
 
 def check_ids(name: str, ids, vocab_size: int | None = None, *, dim: int | tuple | None = None,
-              layout: str = "") -> Tensor:
+              layout: str = "", what: str = "integer token ids") -> Tensor:
     """ids as an integer tensor (a tensor, or a list of ints), every id in [0, vocab_size); else ValueError.
 
     ``dim`` is the number of dims required (an int, or a tuple of those allowed).
     """
     if isinstance(ids, str):
-        raise ValueError(f"{name} must be integer token ids, got a str: encode the text into ids first")
+        hint = ": encode the text into ids first" if "token" in what else ""
+        raise ValueError(f"{name} must be {what}, got a str{hint}")
     if not isinstance(ids, Tensor):
         try:
             ids = torch.as_tensor(ids)
         except (TypeError, ValueError, RuntimeError):
-            raise ValueError(f"{name} must be integer token ids (a tensor or a list of ints), "
+            raise ValueError(f"{name} must be {what} (a tensor or a list of ints), "
                              f"got {type(ids).__name__}") from None
     if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
-        raise ValueError(f"{name} must be integer token ids, got dtype {ids.dtype}")
+        raise ValueError(f"{name} must be {what}, got dtype {ids.dtype}")
     dims = (dim,) if isinstance(dim, int) else dim
     if dims is not None and ids.dim() not in dims:
         want = " or ".join(str(d) for d in dims)

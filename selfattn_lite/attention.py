@@ -14,7 +14,7 @@ import math
 import torch
 from torch import Tensor
 
-from ._checks import check_bool, check_mask, check_qkv, check_real, check_tensor, shape_str
+from ._checks import check_bool, check_int, check_mask, check_qkv, check_real, check_tensor, is_int, shape_str
 
 __all__ = ["scaled_dot_product_attention", "attention_backward", "safe_softmax", "upcast_dtype", "validate_qkv",
            "validate_mask"]
@@ -39,6 +39,10 @@ def safe_softmax(scores: Tensor, dim: int = -1) -> Tensor:
 
     Taught in notebook 03, "A query with nothing to look at".
     """
+    check_tensor("scores", scores, floating=True)
+    if scores.dim() < 1:
+        raise ValueError("scores must have at least 1 dim, got a 0-dim tensor")
+    check_int("dim", dim, low=-scores.dim(), high=scores.dim() - 1)
     fully_masked = torch.isneginf(scores).all(dim=dim, keepdim=True)
     weights = torch.softmax(scores.masked_fill(fully_masked, 0.0), dim=dim)
     return weights.masked_fill(fully_masked, 0.0)
@@ -228,4 +232,8 @@ def validate_mask(attn_mask: Tensor, scores_shape: torch.Size) -> None:
 
     Taught in notebook 03, "1 · The additive mask".
     """
+    if isinstance(scores_shape, str) or not isinstance(scores_shape, torch.Size | tuple | list) \
+            or len(scores_shape) < 2 or not all(is_int(n) and n >= 0 for n in scores_shape):
+        raise ValueError(f"scores_shape must be the scores' shape (..., L, S), a torch.Size or a tuple of "
+                         f"at least 2 sizes, got {scores_shape!r}")
     check_mask("attn_mask", attn_mask, scores_shape)

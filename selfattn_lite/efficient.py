@@ -29,6 +29,7 @@ from torch import Tensor
 
 from ._checks import (
     check_bool,
+    check_int,
     check_positive_int,
     check_qkv,
     check_real,
@@ -82,6 +83,11 @@ class TileKind(enum.IntEnum):
     PARTIAL = 1    # straddles the band's edge: computed, then masked
     FULL = 2       # every pair is visible: computed, no mask
 
+    @classmethod
+    def _missing_(cls, value):
+        raise ValueError(f"value must be one of {[int(k) for k in cls]} ({', '.join(k.name for k in cls)}), "
+                         f"got {value!r}")
+
 
 SKIP, PARTIAL, FULL = TileKind.SKIP, TileKind.PARTIAL, TileKind.FULL
 
@@ -91,7 +97,13 @@ def default_block_size(device: torch.device | str = "cpu") -> tuple[int, int]:
 
     Taught in notebook 08, "FlashAttention's idea: tiles".
     """
-    return CUDA_BLOCK_SIZE if torch.device(device).type == "cuda" else DEFAULT_BLOCK_SIZE
+    if not isinstance(device, torch.device | str):
+        raise ValueError(f"device must be a torch.device or a str such as 'cpu', got {device!r}")
+    try:
+        device = torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"device must be a torch.device or a str such as 'cpu', got {device!r}") from None
+    return CUDA_BLOCK_SIZE if device.type == "cuda" else DEFAULT_BLOCK_SIZE
 
 
 def _band(L: int, S: int, is_causal: bool, window: int | None) -> tuple[int, int]:
@@ -151,6 +163,10 @@ def tile_kind(q0: int, q1: int, k0: int, k1: int, below: int, above: int) -> Til
 
     Taught in notebook 08, "FlashAttention's idea: tiles".
     """
+    for name, n in (("q0", q0), ("q1", q1), ("k0", k0), ("k1", k1), ("below", below), ("above", above)):
+        check_int(name, n, low=None)
+    if q1 <= q0 or k1 <= k0:
+        raise ValueError(f"a tile needs q0 < q1 and k0 < k1, got queries [{q0}, {q1}), keys [{k0}, {k1})")
     if k0 - (q1 - 1) > above or q0 - (k1 - 1) > below:
         return SKIP                  # every pair is outside the band: never computed
     if (k1 - 1) - q0 <= above and (q1 - 1) - k0 <= below:
@@ -173,6 +189,7 @@ def tile_plan(L: int, S: int | None = None, block_size=DEFAULT_BLOCK_SIZE, *, is
 
     Taught in notebook 08, "FlashAttention's idea: tiles".
     """
+    check_bool("is_causal", is_causal)
     L = check_positive_int("L", L)
     S = L if S is None else check_positive_int("S", S)
     block_q, block_k = _block_sizes(block_size)
@@ -524,6 +541,7 @@ def elu_feature_map(x: Tensor) -> Tensor:
 
     Taught in notebook 08, "Linear attention".
     """
+    check_tensor("x", x, floating=True)
     return F.elu(x) + 1.0
 
 
@@ -542,9 +560,14 @@ def random_feature_map(x: Tensor, projection: Tensor) -> Tensor:
 
     Taught in notebook 08, "Linear attention".
     """
+    check_tensor("x", x, floating=True)
+    if x.dim() < 1:
+        raise ValueError("x must have at least 1 dim (..., n, dk), got a 0-dim tensor")
     if not isinstance(projection, Tensor) or projection.dim() != 2 or projection.shape[1] != x.shape[-1]:
         shape = shape_str(projection) if isinstance(projection, Tensor) else type(projection).__name__
         raise ValueError(f"projection must be (m, dk) with dk = {x.shape[-1]} (x is {shape_str(x)}), got {shape}")
+    check_tensor("projection", projection, floating=True)
+    check_same_dtype(x=x, projection=projection)
     x = x / x.shape[-1] ** 0.25
     wx = x @ projection.T                                         # (..., n, m)
     return torch.exp(wx - (x * x).sum(dim=-1, keepdim=True) / 2) / math.sqrt(projection.shape[0])

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from ._checks import check_ids, check_shape, check_tensor, is_int, shape_str
+from ._checks import check_bool, check_ids, check_positive_int, check_real, check_shape, check_tensor, is_int, shape_str
 from .multihead import MultiHeadAttention
 
 __all__ = [
@@ -88,6 +88,13 @@ class BertConfig:
     max_len: int = 512
     type_vocab_size: int = 2
     eps: float = 1e-12
+
+    def __post_init__(self):
+        for name in ("vocab_size", "d_model", "n_heads", "n_layers", "d_ff", "max_len", "type_vocab_size"):
+            check_positive_int(name, getattr(self, name))
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
+        check_real("eps", self.eps, low=0, low_open=True)
 
     @classmethod
     def from_json(cls, path: str | Path) -> BertConfig:
@@ -193,6 +200,7 @@ class BertEncoder(nn.Module):
             shape = tuple(input_ids.shape) if isinstance(input_ids, Tensor) else type(input_ids).__name__
             raise ValueError(f"input_ids must be a (B, T) integer tensor, got {shape}")
         input_ids = check_ids("input_ids", input_ids, self.cfg.vocab_size, dim=2, layout="(B, T)")
+        check_bool("need_weights", need_weights)
         if attn_masks is not None and not isinstance(attn_masks, dict):
             raise ValueError(f"attn_masks must be None or a dict {{layer: mask}}, got {type(attn_masks).__name__}")
         attn_masks = attn_masks or {}

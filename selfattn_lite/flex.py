@@ -21,7 +21,7 @@ import warnings
 import torch
 from torch import Tensor
 
-from ._checks import check_bool, check_ids, check_int, check_positive_int, check_qkv, check_real, shape_str
+from ._checks import check_bool, check_ids, check_int, check_positive_int, check_qkv, check_real, is_int, shape_str
 from .positions import alibi_slopes
 
 __all__ = [
@@ -43,7 +43,14 @@ def causal_mod(b, h, q_idx, kv_idx):
 
     Taught in notebook 13, "5. The same masks as FlexAttention".
     """
+    _check_indices(q_idx, kv_idx)
     return q_idx >= kv_idx
+
+
+def _check_indices(q_idx, kv_idx) -> None:
+    for name, i in (("q_idx", q_idx), ("kv_idx", kv_idx)):
+        if not (isinstance(i, Tensor) or is_int(i)):
+            raise ValueError(f"{name} must be an integer tensor (or int) of positions, got {type(i).__name__}")
 
 
 def sliding_window_mod(window: int):

@@ -260,7 +260,7 @@ class PagedKVCache:
     def gather(self, seq_id) -> tuple[Tensor, Tensor]:
         """The keys and values of one sequence, contiguous: (n_kv_heads, len, head_dim) each."""
         if seq_id not in self.block_tables:
-            raise ValueError(f"unknown sequence {seq_id!r}; stored: {list(self.block_tables)}")
+            raise ValueError(f"unknown sequence {seq_id!r}: seq_id must be one of the stored {list(self.block_tables)}")
         table = torch.tensor(self.block_tables[seq_id], device=self.k_pool.device)
         n = self.lengths[seq_id]
         k = self.k_pool[table].transpose(0, 1).reshape(self.n_kv_heads, -1, self.head_dim)[:, :n]
@@ -270,7 +270,7 @@ class PagedKVCache:
     def free(self, seq_id) -> None:
         """Return a finished sequence's blocks to the pool."""
         if seq_id not in self.block_tables:
-            raise ValueError(f"unknown sequence {seq_id!r}; stored: {list(self.block_tables)}")
+            raise ValueError(f"unknown sequence {seq_id!r}: seq_id must be one of the stored {list(self.block_tables)}")
         self.free_blocks.extend(reversed(self.block_tables.pop(seq_id)))
         del self.lengths[seq_id]
 
@@ -331,9 +331,7 @@ def quantize_int8(x: Tensor) -> tuple[Tensor, Tensor]:
 
     Taught in notebook 06, "An 8-bit cache".
     """
-    check_tensor("x", x)
-    if not x.is_floating_point():
-        raise ValueError(f"quantize_int8 expects a floating tensor, got dtype {x.dtype}")
+    check_tensor("x", x, floating=True)
     if x.dim() < 1 or x.shape[-1] == 0:
         raise ValueError(f"x {shape_str(x)} needs a non-empty last dim (the vectors quantised)")
     absmax = x.abs().amax(dim=-1, keepdim=True).to(torch.float32)    # (..., 1)

@@ -235,6 +235,8 @@ class MultiHeadLatentAttention(nn.Module):
             raise ValueError(f"x must be a floating (B, L, d_model={self.d_model}) tensor, got {got}")
         w = self.kv_a_proj_with_mqa.weight
         check_module_dtype("x", x, w.dtype)
+        if x.shape[0] < 1 or x.shape[1] < 1:
+            raise ValueError(f"x {shape_str(x)} needs at least one sequence and one token")
         if cache is not None and not isinstance(cache, MLACache):
             raise ValueError(f"cache must be an MLACache (see new_cache), got {type(cache).__name__}")
         if cache is not None:

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._checks import check_bool, check_ids, check_int, check_positive_int, check_real, shape_str
+from ._checks import check_bool, check_ids, check_int, check_positive_int, check_real, check_tensor, shape_str
 from .kv_cache import KVCache
 from .masks import to_additive
 from .multihead import MultiHeadAttention
@@ -148,12 +148,14 @@ class CharTokenizer:
         if not isinstance(chars, str):
             raise ValueError(f"chars must be a str (the vocabulary), got {type(chars).__name__}")
         if len(set(chars)) != len(chars):
-            raise ValueError("the vocabulary has repeated characters")
+            raise ValueError(f"chars (the vocabulary) has repeated characters: {chars!r:.60}")
         self.chars = chars
         self.index = {c: i for i, c in enumerate(chars)}
 
     @classmethod
     def from_text(cls, text: str) -> CharTokenizer:
+        if not isinstance(text, str):
+            raise ValueError(f"text must be a str, got {type(text).__name__}")
         return cls("".join(sorted(set(text))))
 
     def __len__(self) -> int:
@@ -165,7 +167,7 @@ class CharTokenizer:
             raise ValueError(f"text must be a str, got {type(text).__name__}")
         unknown = sorted(set(text) - set(self.index))
         if unknown:
-            raise ValueError(f"characters not in the vocabulary: {unknown!r}")
+            raise ValueError(f"text has characters not in the vocabulary: {unknown!r}")
         return torch.tensor([self.index[c] for c in text], dtype=torch.long)
 
     def decode(self, ids) -> str:
@@ -225,6 +227,8 @@ class DecoderBlock(nn.Module):
         Returns:
             x (B, T, d), and the weights (B, h, T, S) when ``need_weights`` (else None).
         """
+        check_tensor("x", x, dim=3, layout="(B, T, d)", floating=True)
+        self.attn._check_features("x", x, f"(B, T, d_model={self.attn.d_model})", self.attn.d_model)
         y, weights = self.attn(self.norm1(x), cache=cache, attn_mask=bias, positions=positions,
                                rope_angles=rope_angles, need_weights=need_weights)
         x = x + self.drop(y)
@@ -397,8 +401,8 @@ class TinyDecoder(nn.Module):
         B, T = ids.shape
         max_new_tokens = check_int("max_new_tokens", max_new_tokens, low=0)
         check_bool("use_cache", use_cache)
-        if T < 1:
-            raise ValueError(f"the prompt needs at least one token, got ids of shape {shape_str(ids)}")
+        if T < 1 or B < 1:
+            raise ValueError(f"the prompt needs at least one row and one token, got ids of shape {shape_str(ids)}")
         if T + max_new_tokens > self.config.max_len:
             raise ValueError(f"prompt of {T} tokens + {max_new_tokens} new tokens = {T + max_new_tokens} "
                              f"exceeds max_len={self.config.max_len}")

@@ -234,11 +234,11 @@ class RecallModel(nn.Module):
             x = block(x)
         return self.head(self.norm(x))                                        # (B, T, vocab)
 
-    def _check_ids(self, ids) -> Tensor:
+    def _check_ids(self, ids, name: str = "ids") -> Tensor:
         """ids (B, T), integers in [0, vocab_size), on the model's device."""
-        ids = check_ids("ids", ids, self.config.vocab_size, dim=2, layout="(B, T)")
+        ids = check_ids(name, ids, self.config.vocab_size, dim=2, layout="(B, T)")
         if ids.shape[1] == 0:
-            raise ValueError(f"ids {shape_str(ids)} need at least one token per row")
+            raise ValueError(f"{name} {shape_str(ids)} need at least one token per row")
         device = self.embed.weight.device
         if ids.device != device:
             raise ValueError(f"ids are on {ids.device} but the model is on {device}: move them first")
@@ -314,7 +314,7 @@ def recall_accuracy(model: RecallModel, inputs: Tensor, targets: Tensor, batch_s
     """
     if not isinstance(model, RecallModel):
         raise ValueError(f"model must be a RecallModel, got {type(model).__name__}")
-    inputs = model._check_ids(inputs)
+    inputs = model._check_ids(inputs, "inputs")
     targets = check_ids("targets", targets, dim=2, layout="(B, T)")
     if targets.shape != inputs.shape:
         raise ValueError(f"targets {shape_str(targets)} must have the shape of inputs {shape_str(inputs)}")

@@ -63,6 +63,7 @@ def shard_indices(L: int, rank: int, world_size: int, *, layout: str = "contiguo
 
 def shard_lengths(L: int, world_size: int, *, layout: str = "contiguous") -> list[int]:
     """Rows held by each rank."""
+    check_positive_int("world_size", world_size)
     return [sum(b - a for a, b in shard_segments(L, r, world_size, layout=layout)) for r in range(world_size)]
 
 
@@ -93,7 +94,7 @@ def unshard(shards: list[Tensor], *, layout: str = "contiguous", dim: int = -2) 
     if not isinstance(shards, (list, tuple)) or not shards or not all(isinstance(s, Tensor) for s in shards):
         raise ValueError("shards must be a non-empty list of tensors, one per rank")
     world_size = len(shards)
-    d = _dim(shards[0], dim)
+    d = _dim(shards[0], dim, "shards[0]")
     first = shards[0]
     for r, s in enumerate(shards):
         if s.dim() != first.dim() or s.dtype != first.dtype or \
@@ -125,7 +126,7 @@ def check_layout(layout: str) -> str:
     return layout
 
 
-def _dim(x: Tensor, dim: int) -> int:
+def _dim(x: Tensor, dim: int, name: str = "x") -> int:
     if not is_int(dim) or not -x.dim() <= dim < x.dim():
-        raise ValueError(f"dim={dim} is out of range for a tensor of shape {tuple(x.shape)}")
+        raise ValueError(f"dim={dim!r} is out of range for {name} of shape {tuple(x.shape)}")
     return dim % x.dim()
