@@ -167,7 +167,7 @@ def check_ids(name: str, ids, vocab_size: int | None = None, *, dim: int | tuple
     if dims is not None and ids.dim() not in dims:
         want = " or ".join(str(d) for d in dims)
         raise ValueError(f"{name} {shape_str(ids)} must have {want} dims {layout}".rstrip())
-    if vocab_size is not None and ids.numel():
+    if vocab_size is not None and ids.numel() and ids.device.type != "meta":   # meta tensors hold no values
         low, high = torch.stack(torch.aminmax(ids)).tolist()
         if low < 0 or high >= vocab_size:
             raise ValueError(f"{name} must be in [0, vocab_size={vocab_size}), got min {low}, max {high}")
@@ -182,8 +182,9 @@ def check_keep_mask(name: str, mask, shape=None, *, meaning: str = "True = real 
     check_tensor(name, mask)
     if mask.dtype != torch.bool:
         if mask.is_floating_point() or mask.is_complex():
-            raise ValueError(f"{name} must be bool ({meaning}) or integer 0/1, got dtype {mask.dtype}")
-        if mask.numel() and not ((mask == 0) | (mask == 1)).all():
+            raise ValueError(f"{name} {shape_str(mask)} must be bool ({meaning}) or integer 0/1, "
+                             f"got dtype {mask.dtype}")
+        if mask.numel() and mask.device.type != "meta" and not ((mask == 0) | (mask == 1)).all():
             raise ValueError(f"{name} must be bool ({meaning}) or integer 0/1, got values "
                              f"{sorted(set(mask.unique().tolist()))[:6]}")
         mask = mask.bool()

@@ -196,7 +196,7 @@ def window_mask_2d(h: int, w: int, window: int, shift: int = 0, *, device=None) 
 
 
 def _check_doc_ids(doc_ids) -> Tensor:
-    doc_ids = check_ids("doc_ids", doc_ids, what="integer document ids")
+    doc_ids = check_ids("doc_ids", doc_ids, what="a (T,) or (B, T) integer tensor of document ids")
     if doc_ids.dim() not in (1, 2) or doc_ids.is_floating_point() or doc_ids.dtype == torch.bool \
             or doc_ids.shape[-1] < 1:
         raise ValueError(f"doc_ids must be a (T,) or (B, T) integer tensor with T >= 1, one document id per token, "

@@ -365,8 +365,8 @@ def permute_qk_rows(weight: Tensor, n_heads: int, *, to: str = "half") -> Tensor
                          f"n_heads={n_heads} dividing its first dim, got {shape}")
     head_dim = weight.shape[0] // n_heads
     if head_dim < 2 or head_dim % 2:
-        raise ValueError(f"weight {shape_str(weight)} gives head_dim = rows / n_heads = {head_dim}: it must be a "
-                         f"positive even int (dimensions are rotated in pairs)")
+        raise ValueError(f"head_dim must be a positive even int (dimensions are rotated in pairs), got {head_dim}: "
+                         f"weight {shape_str(weight)} has {weight.shape[0]} rows for n_heads={n_heads}")
     perm = interleaved_to_half_permutation(head_dim) if to == "half" else half_to_interleaved_permutation(head_dim)
     heads = weight.reshape(n_heads, head_dim, *weight.shape[1:])          # (h, d, d_in)
     return heads[:, perm.to(weight.device)].reshape(weight.shape)
