@@ -7,6 +7,7 @@ Integers may be Python or NumPy integers (``numbers.Integral``), never bools.
 
 from __future__ import annotations
 
+import math
 import numbers
 
 import torch
@@ -14,7 +15,8 @@ from torch import Tensor
 
 __all__ = ["shape_str", "is_int", "is_real", "check_int", "check_positive_int", "check_real", "check_bool",
            "check_choice", "check_tensor", "check_shape", "check_same_dtype", "check_ids", "check_keep_mask",
-           "check_mask", "check_qkv", "check_module_dtype", "check_float_dtype"]
+           "check_mask", "check_qkv", "check_module_dtype", "check_float_dtype",
+           "check_scale"]
 
 
 def shape_str(t) -> str:
@@ -261,3 +263,12 @@ def check_float_dtype(name: str, dtype) -> torch.dtype:
     if isinstance(dtype, torch.dtype) and dtype.is_floating_point:
         return dtype
     raise ValueError(f"{name} must be a floating-point torch.dtype (e.g. torch.float32), got {dtype!r}")
+
+
+def check_scale(scale) -> float | None:
+    """scale as a float (None stays None): a finite number or a one-element tensor, as torch takes; else ValueError."""
+    if isinstance(scale, Tensor) and scale.numel() == 1 and not scale.is_complex() and scale.dtype != torch.bool:
+        scale = scale.item()
+    if scale is None:
+        return None
+    return check_real("scale", scale, low=-math.inf, high=math.inf, low_open=True, high_open=True)

@@ -14,7 +14,17 @@ import math
 import torch
 from torch import Tensor
 
-from ._checks import check_bool, check_int, check_mask, check_qkv, check_real, check_tensor, is_int, shape_str
+from ._checks import (
+    check_bool,
+    check_int,
+    check_mask,
+    check_qkv,
+    check_real,
+    check_scale,
+    check_tensor,
+    is_int,
+    shape_str,
+)
 
 __all__ = ["scaled_dot_product_attention", "attention_backward", "safe_softmax", "upcast_dtype", "validate_qkv",
            "validate_mask"]
@@ -223,8 +233,7 @@ def _check_options(is_causal, scale, enable_gqa) -> None:
     """is_causal and enable_gqa are bools; scale is None or a finite number."""
     check_bool("is_causal", is_causal)
     check_bool("enable_gqa", enable_gqa)
-    if scale is not None:
-        check_real("scale", scale)
+    check_scale(scale)
 
 
 def validate_mask(attn_mask: Tensor, scores_shape: torch.Size) -> None:

@@ -34,6 +34,7 @@ from ._checks import (
     check_qkv,
     check_real,
     check_same_dtype,
+    check_scale,
     check_shape,
     check_tensor,
     shape_str,
@@ -466,8 +467,7 @@ def _tiles(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, block_size, scale, 
     """Check q, k, v and the options; the tile tuple (scale, block_q, block_k, below, above, compute dtype)."""
     check_qkv(q, k, v, enable_gqa=enable_gqa, names=("q", "k", "v"))
     check_bool("is_causal", is_causal)
-    if scale is not None:
-        check_real("scale", scale)
+    scale = check_scale(scale)
     block_q, block_k = _block_sizes(default_block_size(q.device) if block_size is None else block_size)
     L, S, E = q.shape[-2], k.shape[-2], q.shape[-1]
     if L == 0 or S == 0:

@@ -205,3 +205,17 @@ def test_numpy_integers_are_integers_everywhere():
     assert shard_segments(np.int64(8), np.int64(1), np.int64(2)) == shard_segments(8, 1, 2) == [(4, 8)]
     assert presets.kv_cache_bytes(np.int64(32), np.int32(32), np.int64(128)) == 524_288
     assert models.CharTokenizer("abc").decode(np.array([np.int64(1)])) == "b"
+
+
+def test_what_torch_accepts_is_accepted_and_agrees_with_torch():
+    import torch.nn.functional as F
+
+    q, k, v = (torch.randn(1, 2, 3, 4, dtype=torch.float64) for _ in range(3))
+    for scale in (torch.tensor(0.5), np.float32(0.5), 1):              # torch takes a one-element tensor too
+        want = F.scaled_dot_product_attention(q, k, v, scale=scale)
+        torch.testing.assert_close(sdpa(q, k, v, scale=scale)[0], want)
+        torch.testing.assert_close(efficient.flash_attention(q, k, v, scale=scale), want)
+    with pytest.raises(TypeError):
+        F.scaled_dot_product_attention(q, k, v, is_causal=1)
+    with pytest.raises(ValueError, match="is_causal must be True or False, got 1"):   # refused as torch does
+        sdpa(q, k, v, is_causal=1)
