@@ -299,7 +299,7 @@ def test_every_bad_input_is_refused_clearly(all_outcomes):
 
 
 # --------------------------------------------------------------------------------------------- planted
-def test_a_removed_shape_check_is_reported(monkeypatch, process_group):
+def test_a_removed_shape_check_is_reported(monkeypatch):
     """delta_rule_step without its checks: a wrong state shape becomes torch's error, or broadcasts."""
     from selfattn_lite import recurrent
 
@@ -337,7 +337,5 @@ def test_the_verdicts_read_the_raising_line_and_the_message():
     assert classify(ours, "n")[0] == "vague"                        # names another argument
     theirs = pytest.raises(RuntimeError, torch.ones(2).view, 3).value
     assert classify(theirs, "x")[0] == "cryptic"                    # torch's own error
-    slip = pytest.raises(TypeError, check_int, "m", "1", low=1, high=None).value if False else None
-    assert slip is None
     index = pytest.raises(IndexError, lambda: [][0]).value
     assert classify(index, "x")[0] == "cryptic"
