@@ -14,7 +14,17 @@ import math
 import torch
 from torch import Tensor
 
-from ._checks import check_mask, shape_str
+from ._checks import (
+    check_bool,
+    check_int,
+    check_mask,
+    check_qkv,
+    check_real,
+    check_scale,
+    check_tensor,
+    is_int,
+    shape_str,
+)
 
 __all__ = ["scaled_dot_product_attention", "attention_backward", "safe_softmax", "upcast_dtype", "validate_qkv",
            "validate_mask"]
@@ -39,6 +49,10 @@ def safe_softmax(scores: Tensor, dim: int = -1) -> Tensor:
 
     Taught in notebook 03, "A query with nothing to look at".
     """
+    check_tensor("scores", scores, floating=True)
+    if scores.dim() < 1:
+        raise ValueError("scores must have at least 1 dim, got a 0-dim tensor")
+    check_int("dim", dim, low=-scores.dim(), high=scores.dim() - 1)
     fully_masked = torch.isneginf(scores).all(dim=dim, keepdim=True)
     weights = torch.softmax(scores.masked_fill(fully_masked, 0.0), dim=dim)
     return weights.masked_fill(fully_masked, 0.0)
@@ -81,8 +95,10 @@ def scaled_dot_product_attention(
     Taught in notebook 01, "Check against the package and torch".
     """
     validate_qkv(query, key, value, enable_gqa=enable_gqa)
-    if not 0.0 <= dropout_p <= 1.0:
-        raise ValueError(f"dropout_p must be in [0, 1], got {dropout_p}")
+    check_real("dropout_p", dropout_p, low=0, high=1)
+    _check_options(is_causal, scale, enable_gqa)
+    if attn_mask is not None:
+        validate_mask(attn_mask, _scores_shape(query, key, enable_gqa))
     if is_causal and attn_mask is not None:
         raise ValueError("pass either attn_mask or is_causal=True, not both (combine them with "
                          "selfattn_lite.masks.combine_masks(causal_mask(L, S), mask))")
@@ -103,7 +119,6 @@ def scaled_dot_product_attention(
     if is_causal:
         attn_mask = torch.ones(L, S, dtype=torch.bool, device=q.device).tril()   # top-left
     if attn_mask is not None:
-        validate_mask(attn_mask, scores.shape)
         if attn_mask.dtype == torch.bool:
             scores = scores.masked_fill(~attn_mask, float("-inf"))
         else:
@@ -152,13 +167,14 @@ def attention_backward(
 
     Taught in notebook 11, "All five gradients, built in cells".
     """
-    validate_qkv(q, k, v, enable_gqa=enable_gqa)
-    if not isinstance(grad_out, Tensor):
-        raise ValueError(f"grad_out must be a torch.Tensor, got {type(grad_out).__name__}")
-    q_lead, k_lead = q.shape[:-2], k.shape[:-2]
-    if enable_gqa:
-        k_lead = (*k_lead[:-1], q_lead[-1])
-    out_shape = (*torch.broadcast_shapes(q_lead, k_lead), q.shape[-2], v.shape[-1])
+    check_qkv(q, k, v, enable_gqa=enable_gqa, names=("q", "k", "v"))
+    check_tensor("grad_out", grad_out)
+    _check_options(is_causal, scale, enable_gqa)
+    if attn_mask is not None:
+        validate_mask(attn_mask, _scores_shape(q, k, enable_gqa))
+        if is_causal:
+            raise ValueError("pass either attn_mask or is_causal=True, not both")
+    out_shape = (*_scores_shape(q, k, enable_gqa)[:-1], v.shape[-1])
     if tuple(grad_out.shape) != out_shape:
         raise ValueError(f"grad_out must have the output's shape {'(' + ', '.join(map(str, out_shape)) + ')'} "
                          f"(query {shape_str(q)}, value {shape_str(v)}), got {shape_str(grad_out)}")
@@ -202,52 +218,22 @@ def validate_qkv(query: Tensor, key: Tensor, value: Tensor, *, enable_gqa: bool 
 
     Taught in notebook 01, "Check against the package and torch".
     """
-    for name, t in (("query", query), ("key", key), ("value", value)):
-        if not isinstance(t, Tensor):
-            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() < 2:
-            raise ValueError(f"{name} must have at least 2 dims (..., seq, dim), got shape {shape_str(t)}")
-        if not t.is_floating_point():
-            raise ValueError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
-    if not (query.dtype == key.dtype == value.dtype):
-        raise ValueError(
-            f"query, key and value must share a dtype, got {query.dtype}, {key.dtype}, {value.dtype}"
-        )
-    if query.shape[-1] == 0:
-        raise ValueError(f"query and key need a non-empty last dim E, got query {shape_str(query)}")
-    if not (query.dim() == key.dim() == value.dim()):
-        raise ValueError(
-            "query, key and value must have the same number of dims, got "
-            f"query {shape_str(query)}, key {shape_str(key)}, value {shape_str(value)}"
-        )
-    if query.shape[-1] != key.shape[-1]:
-        raise ValueError(
-            f"query and key must share the last dim E: query {shape_str(query)} has E={query.shape[-1]}, "
-            f"key {shape_str(key)} has E={key.shape[-1]}"
-        )
-    if key.shape[:-1] != value.shape[:-1]:
-        raise ValueError(
-            f"key (..., S, E) and value (..., S, Ev) must agree except in the last dim: "
-            f"key {shape_str(key)}, value {shape_str(value)}"
-        )
-    q_lead, k_lead = list(query.shape[:-2]), list(key.shape[:-2])
+    check_qkv(query, key, value, enable_gqa=enable_gqa)
+
+
+def _scores_shape(q: Tensor, k: Tensor, enable_gqa: bool) -> tuple:
+    """The scores' shape (..., Hq, L, S) of checked q, k."""
+    q_lead, k_lead = q.shape[:-2], k.shape[:-2]
     if enable_gqa:
-        if query.dim() < 3:
-            raise ValueError(f"enable_gqa needs a head dim: query (..., Hq, L, E), got {shape_str(query)}")
-        hq, hkv = query.shape[-3], key.shape[-3]
-        if hq % hkv != 0:
-            raise ValueError(
-                f"enable_gqa: query heads Hq={hq} must be a multiple of key/value heads H={hkv} "
-                f"(query {shape_str(query)}, key {shape_str(key)})"
-            )
-        q_lead[-1] = k_lead[-1] = 1  # heads are matched by grouping, not broadcasting
-    try:
-        torch.broadcast_shapes(tuple(q_lead), tuple(k_lead))
-    except RuntimeError:
-        raise ValueError(
-            f"the batch/head dims of query {shape_str(query)} and key {shape_str(key)} do not broadcast"
-            + ("" if enable_gqa else " (different head counts need enable_gqa=True)")
-        ) from None
+        k_lead = (*k_lead[:-1], q_lead[-1])
+    return (*torch.broadcast_shapes(q_lead, k_lead), q.shape[-2], k.shape[-2])
+
+
+def _check_options(is_causal, scale, enable_gqa) -> None:
+    """is_causal and enable_gqa are bools; scale is None or a finite number."""
+    check_bool("is_causal", is_causal)
+    check_bool("enable_gqa", enable_gqa)
+    check_scale(scale)
 
 
 def validate_mask(attn_mask: Tensor, scores_shape: torch.Size) -> None:
@@ -255,4 +241,8 @@ def validate_mask(attn_mask: Tensor, scores_shape: torch.Size) -> None:
 
     Taught in notebook 03, "1 · The additive mask".
     """
+    if isinstance(scores_shape, str) or not isinstance(scores_shape, torch.Size | tuple | list) \
+            or len(scores_shape) < 2 or not all(is_int(n) and n >= 0 for n in scores_shape):
+        raise ValueError(f"scores_shape must be the scores' shape (..., L, S), a torch.Size or a tuple of "
+                         f"at least 2 sizes, got {scores_shape!r}")
     check_mask("attn_mask", attn_mask, scores_shape)

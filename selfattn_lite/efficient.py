@@ -27,8 +27,19 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._checks import check_positive_int, shape_str
-from .attention import upcast_dtype, validate_qkv
+from ._checks import (
+    check_bool,
+    check_int,
+    check_positive_int,
+    check_qkv,
+    check_real,
+    check_same_dtype,
+    check_scale,
+    check_shape,
+    check_tensor,
+    shape_str,
+)
+from .attention import upcast_dtype
 
 __all__ = [
     "DEFAULT_BLOCK_SIZE",
@@ -73,6 +84,11 @@ class TileKind(enum.IntEnum):
     PARTIAL = 1    # straddles the band's edge: computed, then masked
     FULL = 2       # every pair is visible: computed, no mask
 
+    @classmethod
+    def _missing_(cls, value):
+        raise ValueError(f"value must be one of {[int(k) for k in cls]} ({', '.join(k.name for k in cls)}), "
+                         f"got {value!r}")
+
 
 SKIP, PARTIAL, FULL = TileKind.SKIP, TileKind.PARTIAL, TileKind.FULL
 
@@ -82,7 +98,13 @@ def default_block_size(device: torch.device | str = "cpu") -> tuple[int, int]:
 
     Taught in notebook 08, "FlashAttention's idea: tiles".
     """
-    return CUDA_BLOCK_SIZE if torch.device(device).type == "cuda" else DEFAULT_BLOCK_SIZE
+    if not isinstance(device, torch.device | str):
+        raise ValueError(f"device must be a torch.device or a str such as 'cpu', got {device!r}")
+    try:
+        device = torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"device must be a torch.device or a str such as 'cpu', got {device!r}") from None
+    return CUDA_BLOCK_SIZE if device.type == "cuda" else DEFAULT_BLOCK_SIZE
 
 
 def _band(L: int, S: int, is_causal: bool, window: int | None) -> tuple[int, int]:
@@ -142,6 +164,10 @@ def tile_kind(q0: int, q1: int, k0: int, k1: int, below: int, above: int) -> Til
 
     Taught in notebook 08, "FlashAttention's idea: tiles".
     """
+    for name, n in (("q0", q0), ("q1", q1), ("k0", k0), ("k1", k1), ("below", below), ("above", above)):
+        check_int(name, n, low=None)
+    if q1 <= q0 or k1 <= k0:
+        raise ValueError(f"a tile needs q0 < q1 and k0 < k1, got queries [{q0}, {q1}), keys [{k0}, {k1})")
     if k0 - (q1 - 1) > above or q0 - (k1 - 1) > below:
         return SKIP                  # every pair is outside the band: never computed
     if (k1 - 1) - q0 <= above and (q1 - 1) - k0 <= below:
@@ -164,6 +190,7 @@ def tile_plan(L: int, S: int | None = None, block_size=DEFAULT_BLOCK_SIZE, *, is
 
     Taught in notebook 08, "FlashAttention's idea: tiles".
     """
+    check_bool("is_causal", is_causal)
     L = check_positive_int("L", L)
     S = L if S is None else check_positive_int("S", S)
     block_q, block_k = _block_sizes(block_size)
@@ -347,6 +374,7 @@ def flash_attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: 
     """
     tiles = _tiles(q, k, v, is_causal, block_size, scale, window, enable_gqa)
     L, S, E, Ev = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
+    _check_saved(q, k, v, out, lse, grad_out, grad_lse, enable_gqa)
     k_all, v_all = (_repeat_kv(q, k), _repeat_kv(q, v)) if enable_gqa and q.shape[-3] != k.shape[-3] else (k, v)
     batch = torch.broadcast_shapes(q.shape[:-2], k_all.shape[:-2])
     lse2 = (lse.to(tiles[-1]) * LOG2_E).unsqueeze(-1)                  # (..., L, 1): base 2, as the tiles use
@@ -358,6 +386,23 @@ def flash_attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: 
     if k_all is not k:                                                 # each K/V head served a group of query heads
         dk, dv = _sum_groups(dk, k), _sum_groups(dv, v)
     return dq.sum_to_size(q.shape), dk.sum_to_size(k.shape), dv.sum_to_size(v.shape)
+
+
+def _check_saved(q, k, v, out, lse, grad_out, grad_lse, enable_gqa) -> None:
+    """out, grad_out (..., L, Ev) and lse, grad_lse (..., L) fit the forward's q, k, v."""
+    q_lead, k_lead = q.shape[:-2], k.shape[:-2]
+    if enable_gqa:
+        k_lead = (*k_lead[:-1], q_lead[-1])
+    batch = torch.broadcast_shapes(q_lead, k_lead)
+    inputs = f"q {shape_str(q)}, v {shape_str(v)}"
+    for name, t, shape in (("out", out, (*batch, q.shape[-2], v.shape[-1])), ("lse", lse, (*batch, q.shape[-2])),
+                           ("grad_out", grad_out, (*batch, q.shape[-2], v.shape[-1])),
+                           ("grad_lse", grad_lse, (*batch, q.shape[-2]))):
+        if t is None and name == "grad_lse":
+            continue
+        check_tensor(name, t, floating=True)
+        check_shape(name, t, shape, against=inputs)
+    check_same_dtype(q=q, out=out, grad_out=grad_out)
 
 
 def _flash_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse2: Tensor, grad_out: Tensor,
@@ -420,7 +465,9 @@ class _FlashAttention(torch.autograd.Function):
 
 def _tiles(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, block_size, scale, window, enable_gqa) -> tuple:
     """Check q, k, v and the options; the tile tuple (scale, block_q, block_k, below, above, compute dtype)."""
-    validate_qkv(q, k, v, enable_gqa=enable_gqa)
+    check_qkv(q, k, v, enable_gqa=enable_gqa, names=("q", "k", "v"))
+    check_bool("is_causal", is_causal)
+    scale = check_scale(scale)
     block_q, block_k = _block_sizes(default_block_size(q.device) if block_size is None else block_size)
     L, S, E = q.shape[-2], k.shape[-2], q.shape[-1]
     if L == 0 or S == 0:
@@ -494,6 +541,7 @@ def elu_feature_map(x: Tensor) -> Tensor:
 
     Taught in notebook 08, "Linear attention".
     """
+    check_tensor("x", x, floating=True)
     return F.elu(x) + 1.0
 
 
@@ -512,9 +560,14 @@ def random_feature_map(x: Tensor, projection: Tensor) -> Tensor:
 
     Taught in notebook 08, "Linear attention".
     """
+    check_tensor("x", x, floating=True)
+    if x.dim() < 1:
+        raise ValueError("x must have at least 1 dim (..., n, dk), got a 0-dim tensor")
     if not isinstance(projection, Tensor) or projection.dim() != 2 or projection.shape[1] != x.shape[-1]:
         shape = shape_str(projection) if isinstance(projection, Tensor) else type(projection).__name__
         raise ValueError(f"projection must be (m, dk) with dk = {x.shape[-1]} (x is {shape_str(x)}), got {shape}")
+    check_tensor("projection", projection, floating=True)
+    check_same_dtype(x=x, projection=projection)
     x = x / x.shape[-1] ** 0.25
     wx = x @ projection.T                                         # (..., n, m)
     return torch.exp(wx - (x * x).sum(dim=-1, keepdim=True) / 2) / math.sqrt(projection.shape[0])
@@ -544,7 +597,11 @@ def linear_attention(q: Tensor, k: Tensor, v: Tensor, *, feature_map: Callable[[
 
     Taught in notebook 08, "Linear attention".
     """
-    validate_qkv(q, k, v)
+    check_qkv(q, k, v, enable_gqa=None, names=("q", "k", "v"))
+    check_bool("is_causal", is_causal)
+    check_real("eps", eps, low=0)
+    if not callable(feature_map):
+        raise ValueError(f"feature_map must be a function (..., n, E) -> (..., n, m), got {type(feature_map).__name__}")
     if is_causal and q.shape[-2] != k.shape[-2]:
         raise ValueError(f"causal linear attention needs as many queries as keys, "
                          f"got q {shape_str(q)}, k {shape_str(k)}")
@@ -592,7 +649,18 @@ def linear_attention_step(state: tuple[Tensor, Tensor] | None, q: Tensor, k: Ten
 
     Taught in notebook 08, "A fixed-size state versus a growing cache".
     """
+    _check_step(q, k, v)
     phi_q, phi_k = feature_map(q), feature_map(k)                 # (..., m)
+    if state is not None:
+        lead, m, Ev = tuple(q.shape[:-1]), phi_k.shape[-1], v.shape[-1]
+        if not isinstance(state, tuple | list) or len(state) != 2:
+            raise ValueError(f"state must be None or the pair (kv, z) of the previous step, got {type(state).__name__}")
+        check_tensor("state kv", state[0], floating=True)
+        check_tensor("state z", state[1], floating=True)
+        check_shape("state kv", state[0], (*lead, m, Ev), layout="(..., m, Ev)",
+                    against=f"q {shape_str(q)}, v {shape_str(v)}")
+        check_shape("state z", state[1], (*lead, m), layout="(..., m)", against=f"q {shape_str(q)}")
+        check_same_dtype(v=v, **{"state kv": state[0], "state z": state[1]})
     if state is None:
         kv = torch.zeros(*phi_k.shape, v.shape[-1], dtype=v.dtype, device=v.device)
         z = torch.zeros_like(phi_k)
@@ -607,6 +675,20 @@ def linear_attention_step(state: tuple[Tensor, Tensor] | None, q: Tensor, k: Ten
 # ---------------------------------------------------------------------------------------------
 # Argument checks
 # ---------------------------------------------------------------------------------------------
+
+def _check_step(q, k, v) -> None:
+    """One token's q, k (..., E) and v (..., Ev): floating, one dtype, the same leading dims."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_tensor(name, t, floating=True)
+        if t.dim() < 1:
+            raise ValueError(f"{name} must have at least 1 dim (..., E), got a 0-dim tensor")
+    check_same_dtype(q=q, k=k, v=v)
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q {shape_str(q)} and k {shape_str(k)} must share the last dim E")
+    if not (q.shape[:-1] == k.shape[:-1] == v.shape[:-1]):
+        raise ValueError(f"q, k and v must agree in every dim but the last, got q {shape_str(q)}, "
+                         f"k {shape_str(k)}, v {shape_str(v)}")
+
 
 def _block_sizes(block_size) -> tuple[int, int]:
     """block_size: an int (square tiles) or a pair (block_q, block_k)."""

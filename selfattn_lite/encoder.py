@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from ._checks import check_bool, check_ids, check_positive_int, check_real, check_shape, check_tensor, is_int, shape_str
 from .multihead import MultiHeadAttention
 
 __all__ = [
@@ -88,6 +89,13 @@ class BertConfig:
     type_vocab_size: int = 2
     eps: float = 1e-12
 
+    def __post_init__(self):
+        for name in ("vocab_size", "d_model", "n_heads", "n_layers", "d_ff", "max_len", "type_vocab_size"):
+            check_positive_int(name, getattr(self, name))
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
+        check_real("eps", self.eps, low=0, low_open=True)
+
     @classmethod
     def from_json(cls, path: str | Path) -> BertConfig:
         raw = json.loads(Path(path).read_text())
@@ -116,6 +124,11 @@ class BertEmbeddings(nn.Module):
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
         """(B, T) ids -> (B, T, d)."""
+        input_ids = check_ids("input_ids", input_ids, self.word.num_embeddings, dim=2, layout="(B, T)")
+        if token_type_ids is not None:
+            token_type_ids = check_ids("token_type_ids", token_type_ids, self.token_type.num_embeddings, dim=2)
+            check_shape("token_type_ids", token_type_ids, input_ids.shape, layout="(B, T)",
+                        against=f"input_ids {shape_str(input_ids)}")
         T = input_ids.shape[1]
         if T > self.position.num_embeddings:
             raise ValueError(f"input_ids has {T} tokens, more than the {self.position.num_embeddings} positions "
@@ -186,8 +199,12 @@ class BertEncoder(nn.Module):
         if not isinstance(input_ids, Tensor) or input_ids.dim() != 2 or input_ids.is_floating_point():
             shape = tuple(input_ids.shape) if isinstance(input_ids, Tensor) else type(input_ids).__name__
             raise ValueError(f"input_ids must be a (B, T) integer tensor, got {shape}")
+        input_ids = check_ids("input_ids", input_ids, self.cfg.vocab_size, dim=2, layout="(B, T)")
+        check_bool("need_weights", need_weights)
+        if attn_masks is not None and not isinstance(attn_masks, dict):
+            raise ValueError(f"attn_masks must be None or a dict {{layer: mask}}, got {type(attn_masks).__name__}")
         attn_masks = attn_masks or {}
-        bad = [i for i in attn_masks if not 0 <= i < len(self.layers)]
+        bad = [i for i in attn_masks if not (is_int(i) and 0 <= i < len(self.layers))]
         if bad:
             raise ValueError(f"attn_masks names layers {bad}, but the model has layers 0..{len(self.layers) - 1}")
         x = self.embeddings(input_ids, token_type_ids)                    # (B, T, d)
@@ -300,12 +317,31 @@ def tokenize(texts: str | list[str], tokenizer=None) -> tuple[Tensor, Tensor, li
 
 
 def mean_pool(hidden: Tensor, key_padding_mask: Tensor) -> Tensor:
-    """Mean of hidden (B, T, d) over the real tokens (key_padding_mask (B, T) False) -> (B, d).
+    """Mean of hidden (B, T, d) over the real tokens -> (B, d).
+
+    ``key_padding_mask`` (B, T) is either bool, True = padding (as ``tokenize`` and
+    ``nn.MultiheadAttention``), or an integer 0/1 tensor read as Hugging Face's ``attention_mask``,
+    1 = real token. Every row needs at least one real token (a mean over nothing is refused).
 
     Taught in notebook 10, "1. Text understanding: a bidirectional encoder, for real".
     """
-    real = (~key_padding_mask).to(hidden.dtype)[..., None]            # (B, T, 1)
-    return (hidden * real).sum(1) / real.sum(1).clamp_min(1e-9)
+    check_tensor("hidden", hidden, dim=3, layout="(B, T, d)", floating=True)
+    mask = check_tensor("key_padding_mask", key_padding_mask)
+    check_shape("key_padding_mask", mask, hidden.shape[:2], layout="(B, T)", against=f"hidden {shape_str(hidden)}")
+    polarity = "bool (True = padding) or integer 0/1 (Hugging Face's attention_mask, 1 = real token)"
+    if mask.dtype == torch.bool:
+        real = ~mask                                                  # True = padding
+    elif mask.is_floating_point() or mask.is_complex():
+        raise ValueError(f"key_padding_mask must be {polarity}, got dtype {mask.dtype}")
+    elif mask.device.type != "meta" and not ((mask == 0) | (mask == 1)).all():
+        raise ValueError(f"key_padding_mask must be {polarity}, got values {sorted(mask.unique().tolist())[:6]}")
+    else:
+        real = mask == 1                                              # Hugging Face's attention_mask
+    empty = [] if real.device.type == "meta" else (~real.any(dim=1)).nonzero().flatten().tolist()   # meta: no values
+    if empty:
+        raise ValueError(f"key_padding_mask leaves rows {empty[:8]} with no real token: nothing to average")
+    real = real.to(hidden.dtype)[..., None]                           # (B, T, 1)
+    return (hidden * real).sum(1) / real.sum(1)
 
 
 def sentence_embeddings(texts: str | list[str], model: BertEncoder | None = None, tokenizer=None) -> Tensor:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from ._checks import check_int, check_tensor, is_int
 from .encoder import BertEncoder, load_minilm, load_tokenizer, tokenize
 
 __all__ = [
@@ -54,6 +55,9 @@ class AttentionMaps:
     model: str = ""
 
     def __post_init__(self):
+        if not isinstance(self.tokens, list | tuple) or not all(isinstance(t, str) for t in self.tokens):
+            raise ValueError(f"tokens must be a list of str, got {self.tokens!r:.60}")
+        check_tensor("weights", self.weights, floating=True)
         if self.weights.dim() != 4 or self.weights.shape[-1] != self.weights.shape[-2]:
             raise ValueError(f"weights must be (n_layers, n_heads, T, T), got {tuple(self.weights.shape)}")
         if len(self.tokens) != self.weights.shape[-1]:
@@ -69,12 +73,10 @@ class AttentionMaps:
 
     def head(self, layer: int, head: int | None = None) -> Tensor:
         """(T, T) weights of one head, or of the mean over the layer's heads when head is None."""
-        if not 0 <= layer < self.n_layers:
-            raise ValueError(f"layer must be in 0..{self.n_layers - 1}, got {layer}")
+        layer = check_int("layer", layer, low=0, high=self.n_layers - 1)
         if head is None:
             return self.weights[layer].mean(0)
-        if not 0 <= head < self.n_heads:
-            raise ValueError(f"head must be in 0..{self.n_heads - 1}, got {head}")
+        head = check_int("head", head, low=0, high=self.n_heads - 1)
         return self.weights[layer, head]
 
 
@@ -118,6 +120,8 @@ def decoder_attention(model, ids: Tensor) -> tuple[Tensor, list[Tensor]]:
 
     Taught in notebook 10, "Real heads of a real model".
     """
+    if not isinstance(model, torch.nn.Module):
+        raise ValueError(f"model must be a TinyDecoder (see models.load_tiny_decoder), got {type(model).__name__}")
     return model(ids, need_weights=True)
 
 
@@ -161,7 +165,12 @@ def token_index(tokens: list[str], token: str | int, occurrence: int = 0) -> int
 
     Taught in notebook 10, "Real heads of a real model".
     """
-    if isinstance(token, int):
+    if not isinstance(tokens, list | tuple) or not all(isinstance(t, str) for t in tokens):
+        raise ValueError(f"tokens must be a list of str, got {tokens!r:.60}")
+    occurrence = check_int("occurrence", occurrence, low=0)
+    if not (isinstance(token, str) or is_int(token)):
+        raise ValueError(f"token must be a token (str) or its index (int), got {token!r}")
+    if is_int(token):
         if not -len(tokens) <= token < len(tokens):
             raise ValueError(f"token index {token} is out of range for {len(tokens)} tokens")
         return token % len(tokens)
@@ -176,6 +185,7 @@ def token_scores(maps: AttentionMaps, query: str | int, key: str | int) -> Tenso
 
     Taught in notebook 10, "Real heads of a real model".
     """
+    _check_maps(maps)
     i, j = token_index(maps.tokens, query), token_index(maps.tokens, key)
     return maps.weights[:, :, i, j]
 
@@ -187,6 +197,7 @@ def previous_token_scores(weights: Tensor) -> Tensor:
 
     Taught in notebook 10, "Real heads of a real model".
     """
+    check_tensor("weights", weights, floating=True)
     if weights.dim() < 2 or weights.shape[-1] != weights.shape[-2] or weights.shape[-1] < 2:
         raise ValueError(f"weights must be (..., T, T) with T >= 2, got {tuple(weights.shape)}")
     return weights.diagonal(offset=-1, dim1=-2, dim2=-1).mean(-1)
@@ -197,5 +208,11 @@ def column_scores(maps: AttentionMaps, key: str | int) -> Tensor:
 
     Taught in notebook 10, "Real heads of a real model".
     """
+    _check_maps(maps)
     j = token_index(maps.tokens, key)
     return maps.weights[:, :, :, j].mean(-1)
+
+
+def _check_maps(maps) -> None:
+    if not isinstance(maps, AttentionMaps):
+        raise ValueError(f"maps must be AttentionMaps (from explore or explore_decoder), got {type(maps).__name__}")

@@ -23,7 +23,7 @@ import warnings
 import torch
 from torch import Tensor
 
-from ._checks import check_int, check_positive_int
+from ._checks import check_bool, check_ids, check_int, check_positive_int, check_qkv, check_real, is_int, shape_str
 from .positions import alibi_slopes
 
 __all__ = [
@@ -45,7 +45,14 @@ def causal_mod(b, h, q_idx, kv_idx):
 
     Taught in notebook 13, "5. The same masks as FlexAttention".
     """
+    _check_indices(q_idx, kv_idx)
     return q_idx >= kv_idx
+
+
+def _check_indices(q_idx, kv_idx) -> None:
+    for name, i in (("q_idx", q_idx), ("kv_idx", kv_idx)):
+        if not (isinstance(i, Tensor) or is_int(i)):
+            raise ValueError(f"{name} must be an integer tensor (or int) of positions, got {type(i).__name__}")
 
 
 def sliding_window_mod(window: int):
@@ -82,7 +89,8 @@ def document_mod(doc_ids: Tensor, *, is_causal: bool = False):
 
     Taught in notebook 13, "5. The same masks as FlexAttention".
     """
-    doc_ids = torch.as_tensor(doc_ids)
+    check_bool("is_causal", is_causal)
+    doc_ids = check_ids("doc_ids", doc_ids)
     if doc_ids.dim() != 1 or doc_ids.is_floating_point() or doc_ids.dtype == torch.bool or len(doc_ids) < 1:
         raise ValueError(f"doc_ids must be a (T,) integer tensor, got shape {tuple(doc_ids.shape)} "
                          f"and dtype {doc_ids.dtype}")
@@ -125,8 +133,14 @@ def block_mask(mask_mod, L: int, S: int | None = None, *, B: int | None = None, 
     """
     from torch.nn.attention.flex_attention import create_block_mask
 
+    if isinstance(mask_mod, Tensor) or not callable(mask_mod):
+        hint = (": block_mask takes a mask *function* mask_mod(b, h, q_idx, kv_idx) -> bool, e.g. causal_mod; "
+                "for a boolean (L, S) mask use attn_mask in scaled_dot_product_attention")
+        raise ValueError(f"mask_mod must be a function, got {type(mask_mod).__name__}{hint}")
     L = check_positive_int("L", L)
     S = L if S is None else check_positive_int("S", S)
+    B = None if B is None else check_positive_int("B", B)
+    H = None if H is None else check_positive_int("H", H)
     block_size = check_positive_int("block_size", block_size)
     device = _closure_device(mask_mod) if device is None else torch.device(device)
     return create_block_mask(mask_mod, B, H, L, S, device=device, BLOCK_SIZE=block_size)
@@ -161,6 +175,23 @@ def flex_attention(q: Tensor, k: Tensor, v: Tensor, *, score_mod=None, block_mas
         if not isinstance(t, Tensor) or t.dim() != 4:
             got = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
             raise ValueError(f"flex_attention takes (B, h, T, E) tensors; {name} is {got}")
+    check_qkv(q, k, v, enable_gqa=None, names=("q", "k", "v"))
+    if q.shape[1] != k.shape[1]:
+        raise ValueError(f"q {shape_str(q)} and k {shape_str(k)} must have the same number of heads")
+    if score_mod is not None and not callable(score_mod):
+        raise ValueError(f"score_mod must be None or a function (score, b, h, q_idx, kv_idx), "
+                         f"got {type(score_mod).__name__}")
+    if block_mask is not None:
+        from torch.nn.attention.flex_attention import BlockMask
+
+        if not isinstance(block_mask, BlockMask):
+            raise ValueError(f"block_mask must be None or a BlockMask (see flex.block_mask), "
+                             f"got {type(block_mask).__name__}")
+        if tuple(block_mask.seq_lengths) != (q.shape[2], k.shape[2]):
+            raise ValueError(f"block_mask was made for (L, S) = {tuple(block_mask.seq_lengths)}, but q "
+                             f"{shape_str(q)} and k {shape_str(k)} have (L, S) = ({q.shape[2]}, {k.shape[2]})")
+    if scale is not None:
+        check_real("scale", scale)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=_UNFUSED_WARNING, category=UserWarning)
         return _flex(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
@@ -179,6 +210,10 @@ def block_counts(mask) -> dict:
 
     Taught in notebook 13, "5. The same masks as FlexAttention".
     """
+    from torch.nn.attention.flex_attention import BlockMask
+
+    if not isinstance(mask, BlockMask):
+        raise ValueError(f"mask must be a BlockMask (see flex.block_mask), got {type(mask).__name__}")
     q_blocks = mask.kv_num_blocks.shape[-1]
     kv_blocks = -(-mask.seq_lengths[1] // mask.BLOCK_SIZE[1])
     rows = mask.kv_num_blocks.numel() // q_blocks                    # (batch x heads) as stored

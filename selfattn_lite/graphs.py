@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ._checks import check_bool, check_module_dtype, check_positive_int, check_real, check_same_dtype, check_tensor
+
 __all__ = ["gat_attention", "GATLayer"]
 
 
@@ -45,6 +47,7 @@ def _check(h, adj, weight, att_src, att_dst) -> None:
         raise ValueError(f"att_src and att_dst must be (F_out,) = ({f_out},); got {shapes}")
     if not (h.is_floating_point() and weight.is_floating_point()):
         raise ValueError(f"h and weight must be floating point, got {h.dtype} and {weight.dtype}")
+    check_same_dtype(h=h, weight=weight, att_src=att_src, att_dst=att_dst)
 
 
 def gat_attention(h: torch.Tensor, adj: torch.Tensor, weight: torch.Tensor, att_src: torch.Tensor,
@@ -70,6 +73,7 @@ def gat_attention(h: torch.Tensor, adj: torch.Tensor, weight: torch.Tensor, att_
     Taught in notebook 10, "5. Graphs: attention restricted to neighbours (GAT and graph transformers)".
     """
     _check(h, adj, weight, att_src, att_dst)
+    check_real("negative_slope", negative_slope)
     wh = h @ weight.T                                           # (N, F_out): W h_j for every node
     score_dst = wh @ att_dst                                    # (N,): att_dst . W h_i
     score_src = wh @ att_src                                    # (N,): att_src . W h_j
@@ -101,9 +105,10 @@ class GATLayer(nn.Module):
     def __init__(self, in_features: int, out_features: int, heads: int = 1, *, concat: bool = True,
                  negative_slope: float = 0.2):
         super().__init__()
-        if min(in_features, out_features, heads) < 1:
-            raise ValueError(f"in_features, out_features and heads must be >= 1, got "
-                             f"{in_features}, {out_features}, {heads}")
+        for name, n in (("in_features", in_features), ("out_features", out_features), ("heads", heads)):
+            check_positive_int(name, n)
+        check_bool("concat", concat)
+        check_real("negative_slope", negative_slope)
         self.heads, self.out_features, self.concat = heads, out_features, concat
         self.negative_slope = negative_slope
         self.weight = nn.Parameter(torch.empty(heads, out_features, in_features))    # one W per head
@@ -119,6 +124,8 @@ class GATLayer(nn.Module):
         nn.init.xavier_uniform_(self.att_dst)
 
     def forward(self, h: torch.Tensor, adj: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        check_tensor("h", h, dim=2, layout="(N, F_in)", floating=True)
+        check_module_dtype("h", h, self.weight.dtype)
         outs, weights = zip(*(gat_attention(h, adj, self.weight[k], self.att_src[k], self.att_dst[k],
                                             negative_slope=self.negative_slope) for k in range(self.heads)))
         out = torch.stack(outs)                                 # (K, N, F_out)

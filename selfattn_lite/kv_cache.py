@@ -20,7 +20,7 @@ import math
 import torch
 from torch import Tensor
 
-from ._checks import check_int, check_positive_int, check_tensor, shape_str
+from ._checks import check_float_dtype, check_int, check_positive_int, check_tensor, shape_str
 from .presets import PRESETS, ModelPreset, format_bytes, get_preset, kv_cache_bytes  # re-exported
 
 __all__ = [
@@ -117,7 +117,7 @@ class KVCache(TokenCache):
         super().__init__(batch, max_len)
         self.n_kv_heads = check_positive_int("n_kv_heads", n_kv_heads)
         self.head_dim = check_positive_int("head_dim", head_dim)
-        self.dtype = dtype
+        self.dtype = check_float_dtype("dtype", dtype)
         self._allocate((self.batch, self.n_kv_heads, self.max_len, self.head_dim), device)
 
     def _allocate(self, shape: tuple[int, int, int, int], device) -> None:
@@ -212,6 +212,7 @@ class PagedKVCache:
         self.block_size = check_positive_int("block_size", block_size)
         self.n_kv_heads = check_positive_int("n_kv_heads", n_kv_heads)
         self.head_dim = check_positive_int("head_dim", head_dim)
+        check_float_dtype("dtype", dtype)
         shape = (n_blocks, n_kv_heads, block_size, head_dim)
         self.k_pool = torch.zeros(shape, dtype=dtype, device=device)
         self.v_pool = torch.zeros(shape, dtype=dtype, device=device)
@@ -221,17 +222,24 @@ class PagedKVCache:
 
     def blocks_needed(self, seq_id, n_new: int) -> int:
         """How many new blocks appending ``n_new`` tokens to a sequence takes."""
+        n_new = check_int("n_new", n_new, low=0)
         length = self.lengths.get(seq_id, 0)
         have = len(self.block_tables.get(seq_id, []))
         return math.ceil((length + n_new) / self.block_size) - have
 
     def append(self, seq_id, k: Tensor, v: Tensor) -> None:
-        """Store T_new tokens of one sequence: k, v (n_kv_heads, T_new, head_dim)."""
+        """Store T_new >= 1 tokens of one sequence: k, v (n_kv_heads, T_new, head_dim)."""
+        check_tensor("k", k)
+        check_tensor("v", v)
         expected = (self.n_kv_heads, k.shape[1] if k.dim() == 3 else -1, self.head_dim)
         for name, t in (("k", k), ("v", v)):
             if t.dim() != 3 or tuple(t.shape) != expected or t.dtype != self.k_pool.dtype:
                 raise ValueError(f"{name} must be (n_kv_heads={self.n_kv_heads}, T_new, head_dim={self.head_dim}) "
                                  f"of dtype {self.k_pool.dtype}, got {shape_str(t)} of dtype {t.dtype}")
+            if t.device != self.k_pool.device:
+                raise ValueError(f"{name} is on {t.device} but the cache is on {self.k_pool.device}")
+        if k.shape[1] < 1:
+            raise ValueError(f"an append must hold at least one new token, got k {shape_str(k)}")
         needed = self.blocks_needed(seq_id, k.shape[1])
         if needed > len(self.free_blocks):
             raise ValueError(f"paged cache out of blocks: sequence {seq_id!r} needs {needed} more but only "
@@ -252,7 +260,7 @@ class PagedKVCache:
     def gather(self, seq_id) -> tuple[Tensor, Tensor]:
         """The keys and values of one sequence, contiguous: (n_kv_heads, len, head_dim) each."""
         if seq_id not in self.block_tables:
-            raise ValueError(f"unknown sequence {seq_id!r}; stored: {list(self.block_tables)}")
+            raise ValueError(f"unknown sequence {seq_id!r}: seq_id must be one of the stored {list(self.block_tables)}")
         table = torch.tensor(self.block_tables[seq_id], device=self.k_pool.device)
         n = self.lengths[seq_id]
         k = self.k_pool[table].transpose(0, 1).reshape(self.n_kv_heads, -1, self.head_dim)[:, :n]
@@ -262,7 +270,7 @@ class PagedKVCache:
     def free(self, seq_id) -> None:
         """Return a finished sequence's blocks to the pool."""
         if seq_id not in self.block_tables:
-            raise ValueError(f"unknown sequence {seq_id!r}; stored: {list(self.block_tables)}")
+            raise ValueError(f"unknown sequence {seq_id!r}: seq_id must be one of the stored {list(self.block_tables)}")
         self.free_blocks.extend(reversed(self.block_tables.pop(seq_id)))
         del self.lengths[seq_id]
 
@@ -294,7 +302,9 @@ def paging_waste(lengths, max_len: int, block_size: int) -> dict:
 
     Taught in notebook 06, "Paged allocation".
     """
-    lengths = [int(n) for n in lengths]
+    if isinstance(lengths, str) or not hasattr(lengths, "__iter__"):
+        raise ValueError(f"lengths must be a list of ints, got {type(lengths).__name__}")
+    lengths = [check_int("each length", n) for n in lengths]
     check_positive_int("max_len", max_len)
     check_positive_int("block_size", block_size)
     if any(n < 0 or n > max_len for n in lengths):
@@ -321,8 +331,9 @@ def quantize_int8(x: Tensor) -> tuple[Tensor, Tensor]:
 
     Taught in notebook 06, "An 8-bit cache".
     """
-    if not x.is_floating_point():
-        raise ValueError(f"quantize_int8 expects a floating tensor, got dtype {x.dtype}")
+    check_tensor("x", x, floating=True)
+    if x.dim() < 1 or x.shape[-1] == 0:
+        raise ValueError(f"x {shape_str(x)} needs a non-empty last dim (the vectors quantised)")
     absmax = x.abs().amax(dim=-1, keepdim=True).to(torch.float32)    # (..., 1)
     scale = (absmax / 127.0).clamp_min(1e-12)
     q = torch.round(x.to(torch.float32) / scale).clamp(-127, 127).to(torch.int8)
@@ -334,6 +345,15 @@ def dequantize_int8(q: Tensor, scale: Tensor, dtype: torch.dtype | None = None) 
 
     Taught in notebook 06, "An 8-bit cache".
     """
+    check_tensor("q", q)
+    check_tensor("scale", scale, floating=True)
+    if q.dtype != torch.int8:
+        raise ValueError(f"q must be int8 (from quantize_int8), got dtype {q.dtype}")
+    if q.dim() != scale.dim() or scale.shape[-1] != 1 or scale.shape[:-1] != q.shape[:-1]:
+        raise ValueError(f"scale {shape_str(scale)} must be (..., 1) = {shape_str((*q.shape[:-1], 1))} "
+                         f"to fit q {shape_str(q)}")
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise ValueError(f"dtype must be None or a floating torch.dtype, got {dtype!r}")
     dtype = scale.dtype if dtype is None else dtype
     return (q.to(torch.float32) * scale.to(torch.float32)).to(dtype)
 
@@ -422,6 +442,7 @@ class SinkKVCache(KVCache):
 
     def slot(self, position: int) -> int:
         """The slot that holds the token at ``position``."""
+        position = check_int("position", position, low=0)
         if position < self.n_sink:
             return position
         return self.n_sink + (position - self.n_sink) % self.window

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._checks import check_int, check_positive_int, check_tensor
+from ._checks import check_bool, check_ids, check_int, check_keep_mask, check_positive_int, check_tensor
 
 __all__ = [
     "causal_mask",
@@ -41,6 +41,7 @@ def causal_mask(L: int, S: int | None = None, *, bottom_right: bool = False, dev
 
     Taught in notebook 03, "2 · The causal mask".
     """
+    check_bool("bottom_right", bottom_right)
     L = check_positive_int("L", L)
     S = L if S is None else check_positive_int("S", S)
     offset = S - L if bottom_right else 0
@@ -60,7 +61,7 @@ def padding_mask(lengths, max_len: int | None = None) -> Tensor:
 
     Taught in notebook 03, "3 · Padding".
     """
-    lengths = torch.as_tensor(lengths)
+    lengths = check_ids("lengths", lengths, what="a 1-D integer sequence")
     if lengths.dim() != 1 or lengths.is_floating_point() or lengths.dtype == torch.bool:
         raise ValueError(f"lengths must be a 1-D integer sequence, got shape {tuple(lengths.shape)} "
                          f"and dtype {lengths.dtype}")
@@ -76,12 +77,13 @@ def padding_mask(lengths, max_len: int | None = None) -> Tensor:
 def key_padding_to_attn_mask(real_tokens: Tensor) -> Tensor:
     """(B, S) True = real key -> (B, 1, 1, S) attention mask over (B, h, L, S) scores.
 
+    ``real_tokens`` is bool, or an integer 0/1 tensor such as Hugging Face's ``attention_mask``
+    (1 = real token), read the same way.
+
     Taught in notebook 03, "3 · Padding".
     """
-    check_tensor("real_tokens", real_tokens)
-    if real_tokens.dtype != torch.bool or real_tokens.dim() != 2:
-        raise ValueError(f"expected a (B, S) bool mask, got shape {tuple(real_tokens.shape)} "
-                         f"and dtype {real_tokens.dtype}")
+    check_tensor("real_tokens", real_tokens, dim=2, layout="(B, S)")
+    real_tokens = check_keep_mask("real_tokens", real_tokens)
     return real_tokens[:, None, None, :]
 
 
@@ -194,7 +196,7 @@ def window_mask_2d(h: int, w: int, window: int, shift: int = 0, *, device=None) 
 
 
 def _check_doc_ids(doc_ids) -> Tensor:
-    doc_ids = torch.as_tensor(doc_ids)
+    doc_ids = check_ids("doc_ids", doc_ids, what="a (T,) or (B, T) integer tensor of document ids")
     if doc_ids.dim() not in (1, 2) or doc_ids.is_floating_point() or doc_ids.dtype == torch.bool \
             or doc_ids.shape[-1] < 1:
         raise ValueError(f"doc_ids must be a (T,) or (B, T) integer tensor with T >= 1, one document id per token, "

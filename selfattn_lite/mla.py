@@ -34,7 +34,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._checks import check_int, check_positive_int, shape_str
+from ._checks import (
+    check_bool,
+    check_float_dtype,
+    check_int,
+    check_module_dtype,
+    check_positive_int,
+    check_real,
+    check_same_dtype,
+    check_tensor,
+    shape_str,
+)
 from .kv_cache import TokenCache
 from .masks import causal_mask
 from .positions import RotaryEmbedding
@@ -56,8 +66,7 @@ def mla_cache_bytes(n_layers: int, kv_lora_rank: int, qk_rope_head_dim: int, n_t
                     ("qk_rope_head_dim", qk_rope_head_dim), ("batch", batch)):
         check_positive_int(name, n)
     n_tokens = check_int("n_tokens", n_tokens, low=0)
-    if not bytes_per_value > 0:
-        raise ValueError(f"bytes_per_value must be > 0, got {bytes_per_value!r}")
+    check_real("bytes_per_value", bytes_per_value, low=0, low_open=True)
     return int(round((kv_lora_rank + qk_rope_head_dim) * n_layers * n_tokens * batch * bytes_per_value))
 
 
@@ -117,7 +126,10 @@ def mla_decode_bytes(n_tokens: int, *, d_model: int, n_heads: int, kv_lora_rank:
     Taught in notebook 13, "1. Multi-head latent attention".
     """
     n_tokens = check_int("n_tokens", n_tokens, low=0)
-    check_positive_int("qk_rope_head_dim", qk_rope_head_dim)
+    for name, n in (("n_heads", n_heads), ("kv_lora_rank", kv_lora_rank), ("qk_nope_head_dim", qk_nope_head_dim),
+                    ("qk_rope_head_dim", qk_rope_head_dim), ("v_head_dim", v_head_dim)):
+        check_positive_int(name, n)
+    check_real("bytes_per_value", bytes_per_value, low=0, low_open=True)
     weights = mla_weight_values(d_model=d_model, n_heads=n_heads, kv_lora_rank=kv_lora_rank,
                                 qk_nope_head_dim=qk_nope_head_dim, v_head_dim=v_head_dim, form=form)
     cache = n_tokens * (kv_lora_rank + qk_rope_head_dim) * bytes_per_value
@@ -184,6 +196,7 @@ class MLACache(TokenCache):
         super().__init__(batch, max_len)
         self.kv_lora_rank = check_positive_int("kv_lora_rank", kv_lora_rank)
         self.qk_rope_head_dim = check_positive_int("qk_rope_head_dim", qk_rope_head_dim)
+        check_float_dtype("dtype", dtype)
         self.c_kv = torch.zeros(self.batch, self.max_len, self.kv_lora_rank, dtype=dtype, device=device)
         self.k_rope = torch.zeros(self.batch, self.max_len, self.qk_rope_head_dim, dtype=dtype, device=device)
 
@@ -201,6 +214,7 @@ class MLACache(TokenCache):
             if not isinstance(t, Tensor) or t.dim() != 3 or t.shape[0] != self.batch or t.shape[2] != width:
                 got = shape_str(t) if isinstance(t, Tensor) else type(t).__name__
                 raise ValueError(f"{name} must be (B={self.batch}, T_new, {width}), got {got}")
+        check_same_dtype(c_kv=c_kv, k_rope=k_rope, cache=self.c_kv)
         if c_kv.shape[1] != k_rope.shape[1]:
             raise ValueError(f"c_kv and k_rope must hold the same T_new tokens, got {shape_str(c_kv)} and "
                              f"{shape_str(k_rope)}")
@@ -271,6 +285,7 @@ class MultiHeadLatentAttention(nn.Module):
     # ------------------------------------------------------------------ pieces
     def queries(self, x: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
         """q^C (B, h, L, qk_nope_head_dim) and rotated q^R (B, h, L, qk_rope_head_dim)."""
+        self._check_positions(x, positions)
         B, L, _ = x.shape
         q = self.q_proj(x) if self.q_lora_rank is None else self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
         q = q.view(B, L, self.n_heads, self.qk_head_dim).transpose(1, 2)             # (B, h, L, nope + rope)
@@ -279,6 +294,7 @@ class MultiHeadLatentAttention(nn.Module):
 
     def latents(self, x: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
         """What the cache stores: c^KV (B, L, kv_lora_rank) and the rotated k^R (B, L, qk_rope_head_dim)."""
+        self._check_positions(x, positions)
         c_kv, k_rope = self.kv_a_proj_with_mqa(x).split([self.kv_lora_rank, self.qk_rope_head_dim], dim=-1)
         return self.kv_a_layernorm(c_kv), self.rope(k_rope, positions)
 
@@ -291,9 +307,32 @@ class MultiHeadLatentAttention(nn.Module):
         if not isinstance(x, Tensor) or x.dim() != 3 or x.shape[-1] != self.d_model or not x.is_floating_point():
             got = f"{shape_str(x)} {x.dtype}" if isinstance(x, Tensor) else type(x).__name__
             raise ValueError(f"x must be a floating (B, L, d_model={self.d_model}) tensor, got {got}")
+        w = self.kv_a_proj_with_mqa.weight
+        check_module_dtype("x", x, w.dtype)
+        if x.shape[0] < 1 or x.shape[1] < 1:
+            raise ValueError(f"x {shape_str(x)} needs at least one sequence and one token")
         if cache is not None and not isinstance(cache, MLACache):
             raise ValueError(f"cache must be an MLACache (see new_cache), got {type(cache).__name__}")
+        if cache is not None:
+            if (cache.kv_lora_rank, cache.qk_rope_head_dim) != (self.kv_lora_rank, self.qk_rope_head_dim):
+                raise ValueError(f"cache holds kv_lora_rank={cache.kv_lora_rank}, qk_rope_head_dim="
+                                 f"{cache.qk_rope_head_dim}; this layer needs {self.kv_lora_rank}, "
+                                 f"{self.qk_rope_head_dim} (see new_cache)")
+            if cache.batch != x.shape[0]:
+                raise ValueError(f"cache holds batch={cache.batch} sequences, x {shape_str(x)} has {x.shape[0]}")
+            if cache.c_kv.dtype != w.dtype and not torch.is_autocast_enabled(x.device.type):
+                raise ValueError(f"cache holds dtype {cache.c_kv.dtype} but the module's parameters are {w.dtype}: "
+                                 f"make the cache with new_cache, or MLACache(..., dtype={w.dtype})")
         return 0 if cache is None else len(cache)
+
+    def _check_positions(self, x: Tensor, positions) -> None:
+        self._check(x, None)
+        check_tensor("positions", positions)
+        if positions.is_floating_point() or positions.dtype == torch.bool:
+            raise ValueError(f"positions must be an integer tensor, got dtype {positions.dtype}")
+        if positions.shape not in ((x.shape[1],), tuple(x.shape[:2])):
+            raise ValueError(f"positions {shape_str(positions)} must be (L,) = ({x.shape[1]},) or (B, L) "
+                             f"to fit x {shape_str(x)}")
 
     # ------------------------------------------------------------------ forward
     def forward(self, x: Tensor, cache: MLACache | None = None, *, absorbed: bool = False,
@@ -313,6 +352,7 @@ class MultiHeadLatentAttention(nn.Module):
             (B, L, d_model).
         """
         start = self._check(x, cache)
+        check_bool("absorbed", absorbed)
         if fold is not None and (not absorbed or not isinstance(fold, Tensor)
                                  or tuple(fold.shape) != (self.d_model, self.n_heads, self.kv_lora_rank)):
             got = shape_str(fold) if isinstance(fold, Tensor) else type(fold).__name__

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._checks import check_int, shape_str
+from ._checks import check_bool, check_ids, check_int, check_positive_int, check_real, check_tensor, shape_str
 from .kv_cache import KVCache
 from .masks import to_additive
 from .multihead import MultiHeadAttention
@@ -145,13 +145,17 @@ class CharTokenizer:
     """
 
     def __init__(self, chars: str):
+        if not isinstance(chars, str):
+            raise ValueError(f"chars must be a str (the vocabulary), got {type(chars).__name__}")
         if len(set(chars)) != len(chars):
-            raise ValueError("the vocabulary has repeated characters")
+            raise ValueError(f"chars (the vocabulary) has repeated characters: {chars!r:.60}")
         self.chars = chars
         self.index = {c: i for i, c in enumerate(chars)}
 
     @classmethod
     def from_text(cls, text: str) -> CharTokenizer:
+        if not isinstance(text, str):
+            raise ValueError(f"text must be a str, got {type(text).__name__}")
         return cls("".join(sorted(set(text))))
 
     def __len__(self) -> int:
@@ -159,14 +163,16 @@ class CharTokenizer:
 
     def encode(self, text: str) -> Tensor:
         """str -> (T,) long ids."""
+        if not isinstance(text, str):
+            raise ValueError(f"text must be a str, got {type(text).__name__}")
         unknown = sorted(set(text) - set(self.index))
         if unknown:
-            raise ValueError(f"characters not in the vocabulary: {unknown!r}")
+            raise ValueError(f"text has characters not in the vocabulary: {unknown!r}")
         return torch.tensor([self.index[c] for c in text], dtype=torch.long)
 
     def decode(self, ids) -> str:
         """(T,) ids -> str."""
-        ids = ids.tolist() if isinstance(ids, Tensor) else list(ids)
+        ids = check_ids("ids", ids, len(self.chars), dim=(0, 1), layout="(T,)").reshape(-1).tolist()
         return "".join(self.chars[i] for i in ids)
 
 
@@ -224,6 +230,8 @@ class DecoderBlock(nn.Module):
         Returns:
             x (B, T, d), and the weights (B, h, T, S) when ``need_weights`` (else None).
         """
+        check_tensor("x", x, dim=3, layout="(B, T, d)", floating=True)
+        self.attn._check_features("x", x, f"(B, T, d_model={self.attn.d_model})", self.attn.d_model)
         y, weights = self.attn(self.norm1(x), cache=cache, attn_mask=bias, positions=positions,
                                rope_angles=rope_angles, need_weights=need_weights)
         x = x + self.drop(y)
@@ -287,8 +295,14 @@ class TinyDecoder(nn.Module):
         max would force a host sync per call: ``generate`` checks the prompt once instead).
         """
         device = self.embed.weight.device
+        if isinstance(ids, str):
+            raise ValueError("ids must be (B, T) or (T,) integer token ids, got a str: encode the text first, "
+                             "e.g. model.tokenizer.encode(text)")
         if not isinstance(ids, Tensor):
-            ids = torch.as_tensor(ids, device=device)
+            try:
+                ids = torch.as_tensor(ids, device=device)
+            except (TypeError, ValueError, RuntimeError):
+                raise ValueError(f"ids must be (B, T) or (T,) integer token ids, got {type(ids).__name__}") from None
         if ids.dim() == 1:
             ids = ids[None]                                   # (T,) -> (1, T)
         if ids.dim() != 2 or ids.is_floating_point() or ids.dtype == torch.bool:
@@ -327,6 +341,9 @@ class TinyDecoder(nn.Module):
             weights a list of n_layers tensors (B, h, T, S), S = len(cache) + T (T without a cache).
         """
         ids = self._check_ids(ids)
+        check_bool("need_weights", need_weights)
+        if caches is not None and not isinstance(caches, list | tuple):
+            raise ValueError(f"caches must be None or a list of one cache per layer, got {type(caches).__name__}")
         if caches is not None and len(caches) != self.config.n_layers:
             raise ValueError(f"expected one cache per layer ({self.config.n_layers}), got {len(caches)}")
         B, T = ids.shape
@@ -358,6 +375,9 @@ class TinyDecoder(nn.Module):
     def loss(self, ids: Tensor) -> Tensor:
         """Mean cross-entropy of predicting ids[:, 1:] from ids[:, :-1], in nats per token."""
         ids = self._check_ids(ids, check_range=True)
+        if ids.shape[1] < 2:
+            raise ValueError(f"loss needs at least 2 tokens per row (one read, one predicted), "
+                             f"got ids {shape_str(ids)}")
         logits = self(ids[:, :-1])                            # (B, T-1, V)
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), ids[:, 1:].reshape(-1))
 
@@ -383,8 +403,9 @@ class TinyDecoder(nn.Module):
         ids = self._check_ids(ids, check_range=True)      # once, here: decode steps make their own ids
         B, T = ids.shape
         max_new_tokens = check_int("max_new_tokens", max_new_tokens, low=0)
-        if T < 1:
-            raise ValueError(f"the prompt needs at least one token, got ids of shape {shape_str(ids)}")
+        check_bool("use_cache", use_cache)
+        if T < 1 or B < 1:
+            raise ValueError(f"the prompt needs at least one row and one token, got ids of shape {shape_str(ids)}")
         if T + max_new_tokens > self.config.max_len:
             raise ValueError(f"prompt of {T} tokens + {max_new_tokens} new tokens = {T + max_new_tokens} "
                              f"exceeds max_len={self.config.max_len}")
@@ -409,6 +430,8 @@ class TinyDecoder(nn.Module):
         """Text in, text out (needs ``self.tokenizer``): the prompt's greedy continuation."""
         if self.tokenizer is None:
             raise ValueError("this model has no tokenizer; load it with load_tiny_decoder()")
+        if not isinstance(prompt, str):
+            raise ValueError(f"prompt must be a str, got {type(prompt).__name__}")
         prompt_ids = self.tokenizer.encode(prompt).to(self.embed.weight.device)     # (T,) on the model's device
         ids = self.generate(prompt_ids, max_new_tokens, use_cache=use_cache)
         return self.tokenizer.decode(ids[0, len(prompt):])
@@ -485,6 +508,9 @@ def split_text(text: str, val_fraction: float = VAL_FRACTION) -> tuple[str, str]
 
     Taught in notebook 11, "GQA's quality, trained from scratch".
     """
+    if not isinstance(text, str):
+        raise ValueError(f"text must be a str, got {type(text).__name__}")
+    check_real("val_fraction", val_fraction, low=0, high=1, high_open=True)
     cut = int(len(text) * (1 - val_fraction))
     return text[:cut], text[cut:]
 
@@ -504,8 +530,12 @@ def evaluate(model: TinyDecoder, ids: Tensor, seq_len: int | None = None, n_wind
 
     Taught in notebook 11, "GQA's quality, trained from scratch".
     """
-    seq_len = model.config.max_len - 1 if seq_len is None else seq_len
-    if ids.dim() != 1 or len(ids) < seq_len + 1:
+    if not isinstance(model, TinyDecoder):
+        raise ValueError(f"model must be a TinyDecoder, got {type(model).__name__}")
+    seq_len = model.config.max_len - 1 if seq_len is None else check_positive_int("seq_len", seq_len)
+    n_windows = check_positive_int("n_windows", n_windows)
+    ids = check_ids("ids", ids, model.config.vocab_size, dim=1, layout="(N,)")
+    if len(ids) < seq_len + 1:
         raise ValueError(f"ids must be (N,) with N > seq_len={seq_len}, got {shape_str(ids)}")
     starts = torch.linspace(0, len(ids) - seq_len - 1, n_windows).long()
     windows = torch.stack([ids[s:s + seq_len + 1] for s in starts.tolist()])   # (n, seq_len + 1)

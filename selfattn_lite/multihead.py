@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._checks import check_positive_int, check_tensor, shape_str
+from ._checks import check_bool, check_positive_int, check_real, check_tensor, shape_str
 from .attention import scaled_dot_product_attention, validate_mask
 from .masks import causal_mask, combine_masks, to_additive
 
@@ -74,8 +74,9 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
         if n_heads % n_kv_heads != 0:
             raise ValueError(f"n_heads={n_heads} is not a multiple of n_kv_heads={n_kv_heads}")
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        for name, flag in (("is_causal", is_causal), ("bias", bias), ("batch_first", batch_first)):
+            check_bool(name, flag)
+        check_real("dropout", dropout, low=0, high=1, high_open=True)
         self.d_model, self.n_heads, self.n_kv_heads = d_model, n_heads, n_kv_heads
         self.head_dim = d_model // n_heads
         self.is_causal, self.rope, self.dropout, self.batch_first = is_causal, rope, dropout, batch_first
@@ -126,6 +127,7 @@ class MultiHeadAttention(nn.Module):
             y (B, L, d_model) (or (L, B, d_model) when not batch_first), and the per-head
             weights (B, h, L, S) when ``need_weights`` else None.
         """
+        check_bool("need_weights", need_weights)
         cache = _renamed_cache(cache, kv_cache)
         x, key_in, value_in = self._batch_first_inputs(x, context, cache, positions)
         B, L, _ = x.shape

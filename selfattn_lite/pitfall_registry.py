@@ -13,6 +13,8 @@ from dataclasses import dataclass, replace
 
 from torch import Tensor
 
+from ._checks import check_bool
+
 __all__ = ["Demo", "Pitfall", "PITFALLS", "pitfall", "run_all", "Weights", "Code"]
 
 
@@ -32,6 +34,15 @@ class Demo:
     title: str = ""
     notebook: str = ""                 # the notebook that teaches the right way
     symptom: str = ""                  # what goes wrong, in words
+
+    def __post_init__(self):
+        if not isinstance(self.measured, dict):
+            raise ValueError(f"measured must be a dict of what was measured, got {type(self.measured).__name__}")
+        check_bool("symptom_seen", self.symptom_seen)
+        check_bool("fix_works", self.fix_works)
+        for name in ("name", "title", "notebook", "symptom"):
+            if not isinstance(getattr(self, name), str):
+                raise ValueError(f"{name} must be a str, got {getattr(self, name)!r}")
 
     @property
     def ok(self) -> bool:

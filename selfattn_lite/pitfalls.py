@@ -13,12 +13,23 @@ weights, which ``viz.PitfallWidget`` draws.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ._checks import (
+    check_bool,
+    check_mask,
+    check_module_dtype,
+    check_positive_int,
+    check_qkv,
+    check_real,
+    check_tensor,
+    shape_str,
+)
 from .attention import scaled_dot_product_attention
 from .masks import causal_mask
 from .pitfall_registry import PITFALLS, Demo, Pitfall, Weights, pitfall, run_all
@@ -65,9 +76,90 @@ __all__ = [
 
 
 # ---------------------------------------------------------------------------------------------
+# Input checks: each broken and fixed function checks what it is given first, so that a wrong shape
+# is a clear ValueError, never mistaken for the pitfall's own symptom. The bodies stay the few lines
+# a learner reads.
+# ---------------------------------------------------------------------------------------------
+
+def _takes_qkv(fn):
+    """fn(q, k, v) or a method fn(self, q, k, v): q (..., L, dk), k (..., S, dk), v (..., S, dv), one dtype."""
+    method = fn.__code__.co_varnames[0] == "self"
+    names = fn.__code__.co_varnames[int(method):int(method) + 3]
+
+    @functools.wraps(fn)
+    def checked(*args):
+        q, k, v = args[int(method):]
+        check_qkv(q, k, v, enable_gqa=None, names=names)
+        if q.shape[-2] < 1 or k.shape[-2] < 1:
+            raise ValueError(f"{names[0]} {shape_str(q)} and {names[1]} {shape_str(k)} need at least one query "
+                             f"and one key")
+        return fn(*args)
+    return checked
+
+
+def _takes_qk(fn):
+    """fn(q, k): q (..., L, dk), k (..., S, dk), floating, one dtype."""
+    @functools.wraps(fn)
+    def checked(q, k):
+        check_qkv(q, k, k, enable_gqa=None, names=("q", "k", "k"))
+        return fn(q, k)
+    return checked
+
+
+def _takes_scores_mask(fn):
+    """fn(scores, mask): floating scores (..., L, S), a bool mask (True = may attend) that broadcasts to them."""
+    @functools.wraps(fn)
+    def checked(scores, mask):
+        check_tensor("scores", scores, floating=True)
+        if scores.dim() < 1:
+            raise ValueError("scores must have at least 1 dim (..., S), got a 0-dim tensor")
+        check_mask("mask", mask, scores.shape)
+        if mask.dtype != torch.bool:
+            raise ValueError(f"mask must be bool (True = may attend), got dtype {mask.dtype}")
+        return fn(scores, mask)
+    return checked
+
+
+def _takes_heads(fn):
+    """fn(out): out (B, h, T, dk)."""
+    @functools.wraps(fn)
+    def checked(out):
+        check_tensor("out", out, dim=4, layout="(B, h, T, dk)")
+        return fn(out)
+    return checked
+
+
+def _takes_kv_heads(fn):
+    """fn(k, n_heads): k (B, h_kv, S, d), n_heads a multiple of h_kv."""
+    @functools.wraps(fn)
+    def checked(k, n_heads):
+        check_tensor("k", k, dim=4, layout="(B, h_kv, S, d)")
+        check_positive_int("n_heads", n_heads)
+        if k.shape[1] < 1 or n_heads % k.shape[1]:
+            raise ValueError(f"n_heads={n_heads} must be a multiple of the K/V heads h_kv = {k.shape[1]} "
+                             f"of k {shape_str(k)}")
+        return fn(k, n_heads)
+    return checked
+
+
+def _takes_x(forward):
+    """forward(self, x): x (..., T, d) floating, in the module's dtype, T <= max_len."""
+    @functools.wraps(forward)
+    def checked(self, x):
+        check_tensor("x", x, floating=True)
+        d, max_len = self.proj.in_features, self.mask.shape[0]
+        if x.dim() < 2 or x.shape[-1] != d or not 1 <= x.shape[-2] <= max_len:
+            raise ValueError(f"x {shape_str(x)} must be (..., T, d) with d = {d} and 1 <= T <= max_len = {max_len}")
+        check_module_dtype("x", x, self.proj.weight.dtype)
+        return forward(self, x)
+    return checked
+
+
+# ---------------------------------------------------------------------------------------------
 # 1. Missing 1/sqrt(dk)
 # ---------------------------------------------------------------------------------------------
 
+@_takes_qkv
 def broken_no_scale(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
     """softmax(Q K^T) V: the scale is missing.
 
@@ -77,6 +169,7 @@ def broken_no_scale(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
     return weights @ v, weights
 
 
+@_takes_qkv
 def fixed_attention(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
     """softmax(Q K^T / sqrt(dk)) V, the softmax over the keys: the fix of pitfalls 1 and 2.
 
@@ -102,6 +195,7 @@ def demo_missing_scale(dk: int = 512) -> Demo:
 
     Taught in notebook 09, "1 · Missing 1/√dk".
     """
+    dk = check_positive_int("dk", dk)
     g = _gen(1)
     q, k = torch.randn(64, 1, dk, generator=g), torch.randn(64, 16, dk, generator=g)   # 64 queries, 16 keys each
     v = torch.randn(64, 16, 8, generator=g)
@@ -118,6 +212,7 @@ def demo_missing_scale(dk: int = 512) -> Demo:
 # 2. Softmax over the wrong dimension
 # ---------------------------------------------------------------------------------------------
 
+@_takes_qkv
 def broken_softmax_dim(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
     """Softmax over dim=-2, the queries: each *column* sums to 1.
 
@@ -194,6 +289,7 @@ def demo_mask_polarity() -> Demo:
 # 4. A fully masked row: -inf everywhere -> NaN
 # ---------------------------------------------------------------------------------------------
 
+@_takes_scores_mask
 def broken_masked_softmax(scores: Tensor, mask: Tensor) -> Tensor:
     """masked_fill with -inf then softmax: a row with no allowed key becomes 0/0 = NaN.
 
@@ -202,6 +298,7 @@ def broken_masked_softmax(scores: Tensor, mask: Tensor) -> Tensor:
     return torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
 
 
+@_takes_scores_mask
 def fixed_masked_softmax(scores: Tensor, mask: Tensor) -> Tensor:
     """Same, then zero the rows that had no allowed key (what torch >= 2.5 and selfattn_lite do).
 
@@ -238,6 +335,7 @@ def demo_fully_masked_row() -> Demo:
 # 5. float16 overflow of the scores
 # ---------------------------------------------------------------------------------------------
 
+@_takes_qk
 def broken_fp16_scores(q: Tensor, k: Tensor) -> Tensor:
     """(Q K^T) / sqrt(dk) in float16: the product overflows (> 65504) before the division.
 
@@ -246,6 +344,7 @@ def broken_fp16_scores(q: Tensor, k: Tensor) -> Tensor:
     return torch.softmax((q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1]), dim=-1)
 
 
+@_takes_qk
 def fixed_fp16_scores(q: Tensor, k: Tensor) -> Tensor:
     """Scores and softmax in float32 (fused kernels accumulate in float32 too), weights cast back.
 
@@ -280,6 +379,7 @@ def demo_fp16_overflow() -> Demo:
 # 6. .view after .transpose when merging heads
 # ---------------------------------------------------------------------------------------------
 
+@_takes_heads
 def broken_merge_heads_view(out: Tensor) -> Tensor:
     """(B, h, T, dk) -> (B, T, h*dk) with .view after .transpose: raises, the memory is not contiguous.
 
@@ -289,6 +389,7 @@ def broken_merge_heads_view(out: Tensor) -> Tensor:
     return out.transpose(1, 2).view(B, T, h * dk)
 
 
+@_takes_heads
 def broken_merge_heads_no_transpose(out: Tensor) -> Tensor:
     """(B, h, T, dk) -> (B, T, h*dk) with .view and no transpose: runs, but mixes tokens.
 
@@ -298,6 +399,7 @@ def broken_merge_heads_no_transpose(out: Tensor) -> Tensor:
     return out.reshape(B, T, h * dk)
 
 
+@_takes_heads
 def fixed_merge_heads(out: Tensor) -> Tensor:
     """Transpose to (B, T, h, dk), then reshape (copies when it must).
 
@@ -344,8 +446,9 @@ class BrokenDropoutAttention(nn.Module):
 
     def __init__(self, dropout: float = 0.5):
         super().__init__()
-        self.dropout = dropout
+        self.dropout = check_real("dropout", dropout, low=0, high=1)
 
+    @_takes_qkv
     def forward(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         return F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout)
 
@@ -356,6 +459,7 @@ class FixedDropoutAttention(BrokenDropoutAttention):
     Taught in notebook 09, "7 · SDPA applies dropout in eval mode unless `dropout_p` is gated".
     """
 
+    @_takes_qkv
     def forward(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         return F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0)
 
@@ -384,6 +488,7 @@ def demo_dropout_in_eval() -> Demo:
 # 8. is_causal=True with a KV cache: torch aligns the mask top-left
 # ---------------------------------------------------------------------------------------------
 
+@_takes_qkv
 def broken_decode_is_causal(q_new: Tensor, k_all: Tensor, v_all: Tensor) -> Tensor:
     """L new queries against S >= L keys with is_causal=True: query i sees keys 0..i only.
 
@@ -392,6 +497,7 @@ def broken_decode_is_causal(q_new: Tensor, k_all: Tensor, v_all: Tensor) -> Tens
     return F.scaled_dot_product_attention(q_new, k_all, v_all, is_causal=True)
 
 
+@_takes_qkv
 def fixed_decode_bottom_right(q_new: Tensor, k_all: Tensor, v_all: Tensor) -> Tensor:
     """The new queries are the *last* L positions: align the causal mask bottom-right.
 
@@ -497,6 +603,7 @@ def demo_rope_pairing() -> Demo:
 # 11. repeat instead of repeat_interleave for GQA
 # ---------------------------------------------------------------------------------------------
 
+@_takes_kv_heads
 def broken_expand_kv(k: Tensor, n_heads: int) -> Tensor:
     """(B, h_kv, S, d) -> (B, h, S, d) with .repeat: heads come out kv0, kv1, kv0, kv1, ...
 
@@ -505,6 +612,7 @@ def broken_expand_kv(k: Tensor, n_heads: int) -> Tensor:
     return k.repeat(1, n_heads // k.shape[1], 1, 1)
 
 
+@_takes_kv_heads
 def fixed_expand_kv(k: Tensor, n_heads: int) -> Tensor:
     """With .repeat_interleave: kv0, kv0, kv1, kv1, ... (query heads 0..g-1 share kv head 0).
 
@@ -579,9 +687,12 @@ class BrokenMaskedAttention(nn.Module):
 
     def __init__(self, d: int, max_len: int):
         super().__init__()
+        check_positive_int("d", d)
+        check_positive_int("max_len", max_len)
         self.proj = nn.Linear(d, 3 * d)
         self.mask = torch.ones(max_len, max_len, dtype=torch.bool).tril()   # stays where it was made
 
+    @_takes_x
     def forward(self, x: Tensor) -> Tensor:
         q, k, v = self.proj(x).chunk(3, dim=-1)
         T = x.shape[-2]
@@ -596,10 +707,13 @@ class FixedMaskedAttention(nn.Module):
 
     def __init__(self, d: int, max_len: int):
         super().__init__()
+        check_positive_int("d", d)
+        check_positive_int("max_len", max_len)
         self.proj = nn.Linear(d, 3 * d)
         self.register_buffer("mask", torch.ones(max_len, max_len, dtype=torch.bool).tril(),
                              persistent=False)                     # moves with the module, not saved
 
+    @_takes_x
     def forward(self, x: Tensor) -> Tensor:
         q, k, v = self.proj(x).chunk(3, dim=-1)
         T = x.shape[-2]
@@ -614,6 +728,10 @@ def demo_mask_device(device: str = "meta") -> Demo:
 
     Taught in notebook 09, "13 · A mask created on the CPU while the model is on the GPU".
     """
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device must be a device name such as 'meta' or 'cuda', got {device!r}") from None
     torch.manual_seed(13)
     broken, fixed = BrokenMaskedAttention(8, 16).to(device), FixedMaskedAttention(8, 16).to(device)
     x = torch.randn(2, 5, 8, device=device)
@@ -686,7 +804,8 @@ def pitfall_weights(name: str, fixed: bool) -> Weights:
 
     Taught in notebook 09, "Look at it".
     """
-    if name not in HEATMAP_PITFALLS:
+    check_bool("fixed", fixed)
+    if not isinstance(name, str) or name not in HEATMAP_PITFALLS:
         raise ValueError(f"name must be one of {list(HEATMAP_PITFALLS)}, got {name!r}")
     return PITFALLS[name].weights(fixed)
 

@@ -20,7 +20,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from ._checks import check_positive_int, is_int, is_real, shape_str
+from ._checks import check_float_dtype, check_positive_int, check_tensor, is_int, is_real, shape_str
 from .attention import upcast_dtype
 from .rope_scaling import (
     linear_inv_freq,
@@ -249,6 +249,10 @@ class RotaryEmbedding(nn.Module):
         Returns:
             cos, sin: (T, d/2) or (B, T, d/2).
         """
+        check_tensor("positions", positions)
+        if positions.is_floating_point() or positions.is_complex() or positions.dtype == torch.bool:
+            raise ValueError(f"positions must be an integer tensor, got dtype {positions.dtype}")
+        check_float_dtype("dtype", dtype)
         angles = positions[..., None].to(dtype) * self.inv_freq.to(dtype)   # (..., T, d/2)
         if self.attention_scaling == 1.0:
             return angles.cos(), angles.sin()
@@ -360,7 +364,9 @@ def permute_qk_rows(weight: Tensor, n_heads: int, *, to: str = "half") -> Tensor
         raise ValueError(f"weight must be (n_heads * head_dim, d_in) or (n_heads * head_dim,) with "
                          f"n_heads={n_heads} dividing its first dim, got {shape}")
     head_dim = weight.shape[0] // n_heads
-    _check_head_dim(head_dim)
+    if head_dim < 2 or head_dim % 2:
+        raise ValueError(f"head_dim must be a positive even int (dimensions are rotated in pairs), got {head_dim}: "
+                         f"weight {shape_str(weight)} has {weight.shape[0]} rows for n_heads={n_heads}")
     perm = interleaved_to_half_permutation(head_dim) if to == "half" else half_to_interleaved_permutation(head_dim)
     heads = weight.reshape(n_heads, head_dim, *weight.shape[1:])          # (h, d, d_in)
     return heads[:, perm.to(weight.device)].reshape(weight.shape)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ._checks import check_int, check_positive_int
+from ._checks import check_choice, check_int, check_positive_int, check_real
 
 __all__ = ["kv_cache_bytes", "ModelPreset", "PRESETS", "get_preset", "format_bytes"]
 
@@ -33,8 +33,7 @@ def kv_cache_bytes(n_layers: int, n_kv_heads: int, head_dim: int, n_tokens: int 
                     ("batch", batch)):
         check_positive_int(name, n)
     n_tokens = check_int("n_tokens", n_tokens, low=0)
-    if not bytes_per_value > 0:
-        raise ValueError(f"bytes_per_value must be > 0, got {bytes_per_value!r}")
+    check_real("bytes_per_value", bytes_per_value, low=0, low_open=True)
     total = 2 * n_layers * n_kv_heads * head_dim * n_tokens * batch * bytes_per_value
     return int(round(total))
 
@@ -78,6 +77,25 @@ class ModelPreset:
     sliding_window: int | None = None
     v_head_dim: int | None = None    # value head width when it differs from head_dim (MLA: 128 vs 192)
 
+    def __post_init__(self):
+        if not isinstance(self.name, str):
+            raise ValueError(f"name must be a str, got {type(self.name).__name__}")
+        for field in ("n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim", "ffn_dim", "vocab_size",
+                      "max_position", "n_params"):
+            check_positive_int(field, getattr(self, field))
+        check_choice("attention", self.attention, ("MHA", "GQA", "MQA", "MLA"))
+        check_int("kv_lora_rank", self.kv_lora_rank)
+        check_int("qk_rope_head_dim", self.qk_rope_head_dim)
+        if self.kv_layers is not None:
+            check_int("kv_layers", self.kv_layers, low=1, high=self.n_layers)
+        check_int("sliding_kv_layers", self.sliding_kv_layers, high=self.cache_layers)
+        if self.sliding_kv_layers and self.sliding_window is None:
+            raise ValueError(f"sliding_kv_layers={self.sliding_kv_layers} needs a sliding_window")
+        if self.sliding_window is not None:
+            check_positive_int("sliding_window", self.sliding_window)
+        if self.v_head_dim is not None:
+            check_positive_int("v_head_dim", self.v_head_dim)
+
     @property
     def cache_layers(self) -> int:
         """Layers that store their own keys and values (n_layers unless layers share them)."""
@@ -103,14 +121,16 @@ class ModelPreset:
         batch x bytes. With cross-layer sharing only ``cache_layers`` layers count, and a
         sliding-window layer holds min(tokens, sliding_window) tokens.
         """
+        n_tokens = check_int("n_tokens", n_tokens, low=0)
+        check_positive_int("batch", batch)
+        check_real("bytes_per_value", bytes_per_value, low=0, low_open=True)
         per = self.values_per_token_layer(n_kv_heads)
         if self.attention != "MLA" and self.kv_layers is None and not self.sliding_kv_layers:
             heads = self.n_kv_heads if n_kv_heads is None else n_kv_heads
             return kv_cache_bytes(self.n_layers, heads, self.head_dim, n_tokens, batch, bytes_per_value)
         n_tokens = check_int("n_tokens", n_tokens, low=0)
         check_positive_int("batch", batch)
-        if not bytes_per_value > 0:
-            raise ValueError(f"bytes_per_value must be > 0, got {bytes_per_value!r}")
+        check_real("bytes_per_value", bytes_per_value, low=0, low_open=True)
         full = self.cache_layers - self.sliding_kv_layers
         windowed = min(n_tokens, self.sliding_window) if self.sliding_kv_layers else 0
         token_layers = full * n_tokens + self.sliding_kv_layers * windowed
@@ -118,6 +138,7 @@ class ModelPreset:
 
     def weight_bytes(self, bytes_per_value: float = 2) -> int:
         """Memory of the weights: n_params x bytes per value."""
+        check_real("bytes_per_value", bytes_per_value, low=0, low_open=True)
         return int(round(self.n_params * bytes_per_value))
 
 
@@ -163,6 +184,9 @@ def get_preset(name: str) -> ModelPreset:
 
     Taught in notebook 06, "How big is the cache?".
     """
+    if not isinstance(name, str):
+        raise ValueError(f"name must be a preset's name (a str), got {type(name).__name__}; "
+                         f"known: {', '.join(PRESETS)}")
     for key, preset in PRESETS.items():
         if key.lower() == name.lower():
             return preset
@@ -174,6 +198,7 @@ def format_bytes(n: float) -> str:
 
     Taught in notebook 06, "How big is the cache?".
     """
+    check_real("n", n, low=0)
     if n < 1024:
         return f"{n:.0f} B"
     for unit, power in (("KiB", 1), ("MiB", 2), ("GiB", 3), ("TiB", 4)):

@@ -27,7 +27,7 @@ from fractions import Fraction
 import torch
 from torch import Tensor
 
-from ._checks import check_positive_int
+from ._checks import check_ids, check_positive_int
 
 __all__ = ["IGNORE_INDEX", "FILLER", "mqar", "key_range", "value_range", "query_distances", "NO_RECALL_STRATEGIES",
            "no_recall_floor", "no_recall_loss", "no_recall_scores", "query_retention"]
@@ -41,6 +41,7 @@ def key_range(vocab_size: int) -> range:
 
     Taught in notebook 16, "1. The task: multi-query associative recall".
     """
+    vocab_size = check_positive_int("vocab_size", vocab_size)
     return range(1, vocab_size // 2)
 
 
@@ -49,6 +50,7 @@ def value_range(vocab_size: int) -> range:
 
     Taught in notebook 16, "1. The task: multi-query associative recall".
     """
+    vocab_size = check_positive_int("vocab_size", vocab_size)
     return range(vocab_size // 2, vocab_size)
 
 
@@ -116,11 +118,16 @@ def query_distances(inputs: Tensor, targets: Tensor) -> Tensor:
 
     Taught in notebook 16, "1. The task: multi-query associative recall".
     """
+    inputs = check_ids("inputs", inputs, dim=2, layout="(B, T)", what="integer token ids")
+    targets = check_ids("targets", targets, dim=2, layout="(B, T)", what="integer token ids (or -100)")
     if inputs.shape != targets.shape or inputs.dim() != 2:
         raise ValueError(f"inputs {tuple(inputs.shape)} and targets {tuple(targets.shape)} must both be (B, T)")
     out = torch.full(inputs.shape, -1, dtype=torch.long)
     for b, t in (targets != IGNORE_INDEX).nonzero().tolist():
         key_at = (inputs[b] == inputs[b, t]).nonzero()[0, 0].item()     # the key's first appearance
+        if key_at == t:
+            raise ValueError(f"targets ask at row {b}, position {t} for key {inputs[b, t].item()}, which appears "
+                             f"nowhere before it in inputs: these are not mqar rows")
         out[b, t] = t - (key_at + 1)                                     # its value sits right after it
     return out
 

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._checks import check_positive_int
+from ._checks import check_choice, check_ids, check_int, check_positive_int, check_real, shape_str
 from .efficient import linear_attention, sliding_window_mask
 from .masks import causal_mask
 from .multihead import MultiHeadAttention
@@ -229,10 +229,20 @@ class RecallModel(nn.Module):
         self.head = nn.Linear(config.d_model, config.vocab_size, bias=False)
 
     def forward(self, ids: Tensor) -> Tensor:
-        x = self.embed(ids)                                                   # (B, T, d)
+        x = self.embed(self._check_ids(ids))                                  # (B, T, d)
         for block in self.blocks:
             x = block(x)
         return self.head(self.norm(x))                                        # (B, T, vocab)
+
+    def _check_ids(self, ids, name: str = "ids") -> Tensor:
+        """ids (B, T), integers in [0, vocab_size), on the model's device."""
+        ids = check_ids(name, ids, self.config.vocab_size, dim=2, layout="(B, T)")
+        if ids.shape[1] == 0:
+            raise ValueError(f"{name} {shape_str(ids)} need at least one token per row")
+        device = self.embed.weight.device
+        if ids.device != device:
+            raise ValueError(f"ids are on {ids.device} but the model is on {device}: move them first")
+        return ids
 
     @torch.no_grad()
     def mixer_weights(self, ids: Tensor, layer: int = -1) -> Tensor:
@@ -243,8 +253,9 @@ class RecallModel(nn.Module):
         ``recurrent.delta_rule_weights`` for the delta rules, ``recurrent.selective_scan_weights`` for s6
         (one matrix per channel, d of them).
         """
-        x = self.embed(ids)
-        layer = layer % len(self.blocks)
+        x = self.embed(self._check_ids(ids))
+        n = len(self.blocks)
+        layer = check_int("layer", layer, low=-n, high=n - 1) % n
         for block in self.blocks[:layer]:
             x = block(x)
         block = self.blocks[layer]
@@ -267,6 +278,8 @@ def count_parameters(model_or_config: nn.Module | RecallConfig) -> int:
 
     Taught in notebook 16, "5. The experiment: trained models, three seeds each".
     """
+    if not isinstance(model_or_config, nn.Module | RecallConfig):
+        raise ValueError(f"model_or_config must be a model or a RecallConfig, got {type(model_or_config).__name__}")
     model = RecallModel(model_or_config) if isinstance(model_or_config, RecallConfig) else model_or_config
     return sum(p.numel() for p in model.parameters())
 
@@ -280,7 +293,10 @@ def state_bytes(config: RecallConfig, kind: str | None = None, bytes_per_value: 
 
     Taught in notebook 16, "6. Memory per token in decoding: a state against a cache".
     """
-    kind = kind or config.mixer
+    if not isinstance(config, RecallConfig):
+        raise ValueError(f"config must be a RecallConfig, got {type(config).__name__}")
+    kind = config.mixer if kind is None else check_choice("kind", kind, MIXERS)
+    check_real("bytes_per_value", bytes_per_value, low=0, low_open=True)
     dk = config.d_model // config.n_heads
     values = {"delta": config.n_heads * dk * dk, "gated_delta": config.n_heads * dk * dk,
               "linear": config.n_heads * (dk * dk + dk), "s6": config.d_model * config.d_state,
@@ -296,6 +312,18 @@ def recall_accuracy(model: RecallModel, inputs: Tensor, targets: Tensor, batch_s
 
     Taught in notebook 16, "5. The experiment: trained models, three seeds each".
     """
+    if not isinstance(model, RecallModel):
+        raise ValueError(f"model must be a RecallModel, got {type(model).__name__}")
+    inputs = model._check_ids(inputs, "inputs")
+    targets = check_ids("targets", targets, dim=2, layout="(B, T)")
+    if targets.shape != inputs.shape:
+        raise ValueError(f"targets {shape_str(targets)} must have the shape of inputs {shape_str(inputs)}")
+    batch_size = check_positive_int("batch_size", batch_size)
+    asked = targets != IGNORE_INDEX
+    if not asked.any():
+        raise ValueError(f"targets hold no query (every entry is {IGNORE_INDEX}): there is nothing to score")
+    if ((targets[asked] < 0) | (targets[asked] >= model.config.vocab_size)).any():
+        raise ValueError(f"targets must be {IGNORE_INDEX} or in [0, vocab_size={model.config.vocab_size})")
     model.eval()
     right = total = 0
     for i in range(0, inputs.shape[0], batch_size):
@@ -313,6 +341,8 @@ def load_recall_model(run: str, directory: str | Path | None = None) -> RecallMo
     """
     from safetensors.torch import load_file
 
+    if not isinstance(run, str):
+        raise ValueError(f"run must be a run's name (a str), got {type(run).__name__}")
     directory = Path(directory) if directory is not None else RECALL_DIR
     weights, record = directory / f"{run}.safetensors", directory / f"{run}.json"
     for path in (weights, record):

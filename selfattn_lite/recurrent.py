@@ -20,7 +20,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from ._checks import check_positive_int, check_tensor, shape_str
+from ._checks import check_positive_int, check_real, check_same_dtype, check_shape, check_tensor, shape_str
 from .efficient import elu_feature_map
 
 __all__ = ["delta_rule", "delta_rule_step", "delta_rule_weights", "linear_attention_weights",
@@ -34,7 +34,7 @@ __all__ = ["delta_rule", "delta_rule_step", "delta_rule_weights", "linear_attent
 def _check_delta(q, k, v, beta, g, initial_state) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_tensor(name, t, dim=4, layout="(B, h, T, d)", floating=True)
-    check_tensor("beta", beta, dim=3, layout="(B, h, T)")
+    check_tensor("beta", beta, dim=3, layout="(B, h, T)", floating=True)
     B, h, T, dk = k.shape
     if q.shape != k.shape or v.shape[:3] != (B, h, T):
         raise ValueError(f"q {shape_str(q)}, k {shape_str(k)} must be (B, h, T, dk) and v {shape_str(v)} "
@@ -42,7 +42,7 @@ def _check_delta(q, k, v, beta, g, initial_state) -> None:
     if beta.shape != (B, h, T):
         raise ValueError(f"beta {shape_str(beta)} must be (B, h, T) = {shape_str((B, h, T))}")
     if g is not None:
-        check_tensor("g", g, dim=3, layout="(B, h, T)")
+        check_tensor("g", g, dim=3, layout="(B, h, T)", floating=True)
         if g.shape != (B, h, T):
             raise ValueError(f"g {shape_str(g)} must be (B, h, T) = {shape_str((B, h, T))}")
     if initial_state is not None:
@@ -50,6 +50,25 @@ def _check_delta(q, k, v, beta, g, initial_state) -> None:
         if not isinstance(initial_state, Tensor) or initial_state.shape != want:
             got = shape_str(initial_state) if isinstance(initial_state, Tensor) else type(initial_state).__name__
             raise ValueError(f"initial_state {got} must be (B, h, dk, dv) = {shape_str(want)}")
+        check_tensor("initial_state", initial_state, floating=True)
+    check_same_dtype(q=q, k=k, v=v, beta=beta, g=g)
+
+
+def _check_delta_step(state, q, k, v, beta, g) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_tensor(name, t, dim=3, layout="(B, h, d)", floating=True)
+    check_tensor("beta", beta, dim=2, layout="(B, h)", floating=True)
+    check_tensor("state", state, dim=4, layout="(B, h, dk, dv)", floating=True)
+    B, h, dk = k.shape
+    against = f"q {shape_str(q)}, k {shape_str(k)}, v {shape_str(v)}"
+    check_shape("q", q, (B, h, dk), layout="(B, h, dk)", against=f"k {shape_str(k)}")
+    check_shape("v", v, (B, h, None), layout="(B, h, dv)", against=f"k {shape_str(k)}")
+    check_shape("beta", beta, (B, h), layout="(B, h)", against=against)
+    if g is not None:
+        check_tensor("g", g, dim=2, layout="(B, h)", floating=True)
+        check_shape("g", g, (B, h), layout="(B, h)", against=against)
+    check_shape("state", state, (B, h, dk, v.shape[-1]), layout="(B, h, dk, dv)", against=against)
+    check_same_dtype(state=state, q=q, k=k, v=v, beta=beta, g=g)
 
 
 def delta_rule_step(state: Tensor, q: Tensor, k: Tensor, v: Tensor, beta: Tensor, *, g: Tensor | None = None,
@@ -67,7 +86,13 @@ def delta_rule_step(state: Tensor, q: Tensor, k: Tensor, v: Tensor, beta: Tensor
 
     Taught in notebook 16, "2. The mixers, built in the open".
     """
-    scale = k.shape[-1] ** -0.5 if scale is None else scale
+    _check_delta_step(state, q, k, v, beta, g)
+    scale = k.shape[-1] ** -0.5 if scale is None else check_real("scale", scale)
+    return _delta_step(state, q, k, v, beta, g, scale)
+
+
+def _delta_step(state, q, k, v, beta, g, scale) -> tuple[Tensor, Tensor]:
+    """``delta_rule_step`` on checked arguments."""
     if g is not None:
         state = torch.exp(g)[..., None, None] * state                           # forget a little
     recalled = (k.unsqueeze(-2) @ state).squeeze(-2)                            # (B, h, dv) = k^T S
@@ -117,14 +142,16 @@ def delta_rule(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, *, g: Tensor | Non
     """
     _check_delta(q, k, v, beta, g, initial_state)
     B, h, T, dk = k.shape
-    scale = dk ** -0.5 if scale is None else scale
+    scale = dk ** -0.5 if scale is None else check_real("scale", scale)
+    if chunk_size is not None:
+        check_positive_int("chunk_size", chunk_size)
     state = (torch.zeros(B, h, dk, v.shape[-1], dtype=v.dtype, device=v.device)
              if initial_state is None else initial_state.to(v.dtype))
     if chunk_size is None:
         outs = []
         for t in range(T):
-            o, state = delta_rule_step(state, q[:, :, t], k[:, :, t], v[:, :, t], beta[:, :, t],
-                                       g=None if g is None else g[:, :, t], scale=scale)
+            o, state = _delta_step(state, q[:, :, t], k[:, :, t], v[:, :, t], beta[:, :, t],
+                                   None if g is None else g[:, :, t], scale)
             outs.append(o)
         o = torch.stack(outs, dim=2) if outs else v.new_zeros(B, h, 0, v.shape[-1])
     else:
@@ -182,6 +209,8 @@ def delta_rule_weights(q: Tensor, k: Tensor, beta: Tensor, *, g: Tensor | None =
 
     Taught in notebook 16, "4. Implicit attention: each output as a weighted sum of past values".
     """
+    for name, t in (("q", q), ("k", k)):
+        check_tensor(name, t, dim=4, layout="(B, h, T, dk)", floating=True)
     B, h, T, _ = k.shape
     eye = torch.eye(T, dtype=k.dtype, device=k.device).expand(B, h, T, T)
     return delta_rule(q, k, eye, beta, g=g, scale=scale, chunk_size=max(T, 1))    # feed V = I: O = A
@@ -203,6 +232,13 @@ def linear_attention_weights(q: Tensor, k: Tensor, *,
 
     Taught in notebook 16, "4. Implicit attention: each output as a weighted sum of past values".
     """
+    for name, t in (("q", q), ("k", k)):
+        check_tensor(name, t, floating=True)
+        if t.dim() < 2:
+            raise ValueError(f"{name} must have at least 2 dims (..., T, E), got shape {shape_str(t)}")
+    if q.shape != k.shape:
+        raise ValueError(f"q {shape_str(q)} and k {shape_str(k)} must have one shape (..., T, E)")
+    check_same_dtype(q=q, k=k)
     scores = (feature_map(q) @ feature_map(k).transpose(-2, -1)).tril()          # (..., T, T)
     return scores / scores.sum(dim=-1, keepdim=True)
 
@@ -211,27 +247,48 @@ def linear_attention_weights(q: Tensor, k: Tensor, *,
 # The selective scan (Mamba's S6)
 # ---------------------------------------------------------------------------------------------
 
-def _check_scan(u, delta, A, B, C, D, initial_state) -> None:
-    check_tensor("u", u, dim=3, layout="(batch, d, T)", floating=True)
+def _check_scan(u, delta, A, B, C, D, initial_state, *, u_name: str = "u") -> None:
+    check_tensor(u_name, u, dim=3, layout="(batch, d, T)", floating=True)
     check_tensor("A", A, dim=2, layout="(d, n)", floating=True)
     for name, t in (("B", B), ("C", C)):
         check_tensor(name, t, dim=3, layout="(batch, n, T)", floating=True)
     batch, d, T = u.shape
     n = A.shape[1]
-    if not isinstance(delta, Tensor) or delta.shape != u.shape:
-        raise ValueError(f"delta {shape_str(delta) if isinstance(delta, Tensor) else type(delta).__name__} "
-                         f"must be (batch, d, T) like u {shape_str(u)}")
+    check_tensor("delta", delta, floating=True)
+    if delta.shape != u.shape:
+        raise ValueError(f"delta {shape_str(delta)} must be (batch, d, T) like u {shape_str(u)}")
     if A.shape[0] != d:
-        raise ValueError(f"A {shape_str(A)} must be (d, n) with d = {d} (u is {shape_str(u)})")
+        raise ValueError(f"A {shape_str(A)} must be (d, n) with d = {d} ({u_name} is {shape_str(u)})")
     for name, t in (("B", B), ("C", C)):
         if t.shape != (batch, n, T):
             raise ValueError(f"{name} {shape_str(t)} must be (batch, n, T) = {shape_str((batch, n, T))} "
-                             f"(u {shape_str(u)}, A {shape_str(A)})")
+                             f"({u_name} {shape_str(u)}, A {shape_str(A)})")
     if D is not None and (not isinstance(D, Tensor) or D.shape != (d,)):
         raise ValueError(f"D {shape_str(D) if isinstance(D, Tensor) else type(D).__name__} must be (d,) = ({d},)")
     if initial_state is not None and (not isinstance(initial_state, Tensor) or initial_state.shape != (batch, d, n)):
         got = shape_str(initial_state) if isinstance(initial_state, Tensor) else type(initial_state).__name__
         raise ValueError(f"initial_state {got} must be (batch, d, n) = {shape_str((batch, d, n))}")
+    check_same_dtype(**{u_name: u, "delta": delta, "A": A, "B": B, "C": C, "D": D})
+
+
+def _check_scan_step(state, u, delta, A, B, C, D) -> None:
+    check_tensor("u", u, dim=2, layout="(batch, d)", floating=True)
+    check_tensor("delta", delta, floating=True)
+    check_tensor("A", A, dim=2, layout="(d, n)", floating=True)
+    batch, d = u.shape
+    check_shape("delta", delta, (batch, d), layout="(batch, d)", against=f"u {shape_str(u)}")
+    check_shape("A", A, (d, None), layout="(d, n)", against=f"u {shape_str(u)}")
+    n = A.shape[1]
+    against = f"u {shape_str(u)}, A {shape_str(A)}"
+    for name, t in (("B", B), ("C", C)):
+        check_tensor(name, t, floating=True)
+        check_shape(name, t, (batch, n), layout="(batch, n)", against=against)
+    if D is not None:
+        check_tensor("D", D, floating=True)
+        check_shape("D", D, (d,), layout="(d,)", against=against)
+    check_tensor("state", state, floating=True)
+    check_shape("state", state, (batch, d, n), layout="(batch, d, n)", against=against)
+    check_same_dtype(state=state, u=u, delta=delta, A=A, B=B, C=C, D=D)
 
 
 def selective_scan_step(state: Tensor, u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, *,
@@ -246,6 +303,12 @@ def selective_scan_step(state: Tensor, u: Tensor, delta: Tensor, A: Tensor, B: T
 
     Taught in notebook 16, "2. The mixers, built in the open".
     """
+    _check_scan_step(state, u, delta, A, B, C, D)
+    return _scan_step(state, u, delta, A, B, C, D)
+
+
+def _scan_step(state, u, delta, A, B, C, D) -> tuple[Tensor, Tensor]:
+    """``selective_scan_step`` on checked arguments."""
     dA = torch.exp(delta[..., None] * A)                                         # (batch, d, n) per-channel decay
     state = dA * state + (delta * u)[..., None] * B[:, None, :]                  # (batch, d, n)
     y = (state * C[:, None, :]).sum(dim=-1)                                      # (batch, d)
@@ -280,7 +343,7 @@ def selective_scan(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, *,
     state = (u.new_zeros(batch, d, A.shape[1]) if initial_state is None else initial_state.to(u.dtype))
     ys = []
     for t in range(T):
-        y, state = selective_scan_step(state, u[..., t], delta[..., t], A, B[..., t], C[..., t], D=D)
+        y, state = _scan_step(state, u[..., t], delta[..., t], A, B[..., t], C[..., t], D)
         ys.append(y)
     y = torch.stack(ys, dim=-1) if ys else u.new_zeros(batch, d, 0)
     return (y, state) if return_state else y
@@ -302,7 +365,7 @@ def selective_scan_weights(delta: Tensor, A: Tensor, B: Tensor, C: Tensor) -> Te
 
     Taught in notebook 16, "4. Implicit attention: each output as a weighted sum of past values".
     """
-    _check_scan(delta, delta, A, B, C, None, None)
+    _check_scan(delta, delta, A, B, C, None, None, u_name="delta")
     T = delta.shape[-1]
     cum = delta.cumsum(dim=-1)                                                   # (batch, d, T)
     below = torch.ones(T, T, dtype=torch.bool, device=delta.device).tril()

@@ -22,7 +22,7 @@ import math
 import torch
 from torch import Tensor
 
-from ._checks import check_positive_int, is_real
+from ._checks import check_int, check_positive_int, check_real, check_tensor, is_real, shape_str
 
 __all__ = [
     "SCALING_KINDS",
@@ -43,6 +43,8 @@ def linear_inv_freq(inv_freq: Tensor, factor: float) -> Tensor:
 
     Taught in notebook 12, "Four ways to slow the rotations down".
     """
+    _check_inv_freq(inv_freq)
+    factor = _check_factor(factor)
     return inv_freq / factor
 
 
@@ -55,6 +57,8 @@ def ntk_base(base: float, factor: float, head_dim: int) -> float:
 
     Taught in notebook 12, "Four ways to slow the rotations down".
     """
+    base, factor = _check_base(base), _check_factor(factor)
+    head_dim = _check_head_dim(head_dim, low=4)
     return base * factor ** (head_dim / (head_dim - 2))
 
 
@@ -74,6 +78,11 @@ def yarn_keep(head_dim: int, base: float, original_max_len: int,
 
     Taught in notebook 12, "Four ways to slow the rotations down".
     """
+    head_dim, base = _check_head_dim(head_dim), _check_base(base)
+    original_max_len = check_positive_int("original_max_len", original_max_len)
+    beta_fast = check_real("beta_fast", beta_fast, low=0, low_open=True)
+    beta_slow = check_real("beta_slow", beta_slow, low=0, low_open=True)
+
     def pair_with_turns(turns: float) -> float:  # the i where r_i = turns
         return head_dim * math.log(original_max_len / (turns * 2 * math.pi)) / (2 * math.log(base))
 
@@ -91,6 +100,11 @@ def yarn_inv_freq(inv_freq: Tensor, factor: float, keep: Tensor) -> Tensor:
 
     Taught in notebook 12, "Four ways to slow the rotations down".
     """
+    _check_inv_freq(inv_freq)
+    factor = _check_factor(factor)
+    check_tensor("keep", keep, dim=1, layout="(d/2,)", floating=True)
+    if keep.shape != inv_freq.shape:
+        raise ValueError(f"keep {shape_str(keep)} must have the shape of inv_freq {shape_str(inv_freq)}")
     return (1 - keep) * inv_freq / factor + keep * inv_freq
 
 
@@ -102,6 +116,7 @@ def yarn_attention_scaling(factor: float) -> float:
 
     Taught in notebook 12, "Four ways to slow the rotations down".
     """
+    factor = _check_factor(factor)
     return 1.0 if factor <= 1 else 0.1 * math.log(factor) + 1.0
 
 
@@ -117,10 +132,39 @@ def llama3_inv_freq(inv_freq: Tensor, factor: float, original_max_len: int,
 
     Taught in notebook 12, "Four ways to slow the rotations down".
     """
+    _check_inv_freq(inv_freq)
+    factor = _check_factor(factor)
+    original_max_len = check_positive_int("original_max_len", original_max_len)
+    low_freq_factor = check_real("low_freq_factor", low_freq_factor, low=0, low_open=True)
+    high_freq_factor = check_real("high_freq_factor", high_freq_factor, low=0, low_open=True)
+    if not high_freq_factor > low_freq_factor:
+        raise ValueError(f"high_freq_factor={high_freq_factor} must be > low_freq_factor={low_freq_factor}")
     wavelength = 2 * math.pi / inv_freq                                   # lambda_i, tokens per turn
     turns = original_max_len / wavelength                                 # r_i
     smooth = ((turns - low_freq_factor) / (high_freq_factor - low_freq_factor)).clamp(0.0, 1.0)
     return (1 - smooth) * inv_freq / factor + smooth * inv_freq
+
+
+def _check_inv_freq(inv_freq) -> Tensor:
+    check_tensor("inv_freq", inv_freq, dim=1, layout="(d/2,)", floating=True)
+    if not (inv_freq > 0).all():
+        raise ValueError("inv_freq must hold positive frequencies (see positions.rope_inv_freq)")
+    return inv_freq
+
+
+def _check_factor(factor) -> float:
+    return check_real("factor", factor, low=0, low_open=True, high=math.inf, high_open=True)
+
+
+def _check_base(base) -> float:
+    return check_real("base", base, low=1, low_open=True, high=math.inf, high_open=True)
+
+
+def _check_head_dim(head_dim, low: int = 2) -> int:
+    head_dim = check_int("head_dim", head_dim, low=low)
+    if head_dim % 2:
+        raise ValueError(f"head_dim must be even (RoPE rotates pairs), got {head_dim}")
+    return head_dim
 
 
 # --------------------------------------------------------------------------------------
@@ -176,6 +220,8 @@ def validate_scaling(scaling: dict, head_dim: int | None = None) -> dict:
     if kind == "llama3" and not out["high_freq_factor"] > out["low_freq_factor"]:
         raise ValueError(f"llama3 needs high_freq_factor > low_freq_factor, got high_freq_factor="
                          f"{out['high_freq_factor']}, low_freq_factor={out['low_freq_factor']}")
+    if head_dim is not None:
+        check_positive_int("head_dim", head_dim)
     if kind == "ntk" and head_dim is not None and head_dim < 4:
         raise ValueError(f"ntk scaling needs head_dim >= 4 (its exponent is d / (d - 2)), got head_dim={head_dim}")
     return out

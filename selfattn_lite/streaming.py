@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ._checks import check_int, check_positive_int, check_tensor, shape_str
 from .kv_cache import SinkKVCache
 from .masks import sink_window_mask
 
@@ -34,6 +35,7 @@ def masked_logits(model, ids: Tensor, attn_mask: Tensor | None = None) -> Tensor
 
     Taught in notebook 13, "What it does to the tiny decoder".
     """
+    _check_model(model)
     return model(ids, attn_mask=attn_mask)
 
 
@@ -42,6 +44,7 @@ def sink_caches(model, batch: int, *, window: int, n_sink: int = 0) -> list[Sink
 
     Taught in notebook 13, "What it does to the tiny decoder".
     """
+    _check_model(model)
     c, p = model.config, model.embed.weight
     return [SinkKVCache(batch, c.n_kv_heads, c.head_dim, window=window, n_sink=n_sink, dtype=p.dtype,
                         device=p.device) for _ in range(c.n_layers)]
@@ -60,7 +63,11 @@ def decode_logits(model, ids: Tensor, caches: list) -> Tensor:
 
     Taught in notebook 13, "What it does to the tiny decoder".
     """
+    _check_model(model)
     ids = model._check_ids(ids)
+    if not isinstance(caches, list | tuple) or len(caches) != model.config.n_layers:
+        got = f"{len(caches)} caches" if isinstance(caches, list | tuple) else type(caches).__name__
+        raise ValueError(f"caches must be a list of one cache per layer ({model.config.n_layers}), got {got}")
     first = min(ids.shape[1], getattr(caches[0], "capacity", ids.shape[1]))
     logits = [model(ids[:, :first], caches=caches)]                      # prefill
     for t in range(first, ids.shape[1]):
@@ -80,12 +87,25 @@ def window_loss(model, ids: Tensor, *, window: int | None, n_sink: int = 0, star
 
     Taught in notebook 13, "What it does to the tiny decoder".
     """
+    _check_model(model)
     ids = model._check_ids(ids)
+    start = check_int("start", start, low=0)
+    n_sink = check_int("n_sink", n_sink, low=0)
+    if window is not None:
+        check_positive_int("window", window)
     T = ids.shape[1] - 1
+    if start >= T:
+        raise ValueError(f"start={start} leaves no prediction to score: ids {shape_str(ids)} give {T} "
+                         f"next-token predictions, so start must be < {T}")
     mask = None if window is None else sink_window_mask(T, n_sink, window, device=ids.device)
     logits = masked_logits(model, ids[:, :-1], mask)[:, start:]          # (B, T - start, V)
     targets = ids[:, 1:][:, start:]
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1)).item()
+
+
+def _check_model(model) -> None:
+    if not isinstance(model, torch.nn.Module) or not hasattr(model, "_check_ids"):
+        raise ValueError(f"model must be a TinyDecoder (see models.load_tiny_decoder), got {type(model).__name__}")
 
 
 def first_key_attention(weights: Tensor, start: int = 1) -> Tensor:
@@ -100,6 +120,8 @@ def first_key_attention(weights: Tensor, start: int = 1) -> Tensor:
 
     Taught in notebook 13, "What it does to the tiny decoder".
     """
+    check_tensor("weights", weights, floating=True)
+    start = check_int("start", start, low=0)
     if weights.dim() == 4:
         weights = weights[:, None]
     if weights.dim() != 5 or weights.shape[-1] != weights.shape[-2] or not 0 <= start < weights.shape[-1]:

@@ -36,7 +36,7 @@ import os
 import torch
 from torch import Tensor
 
-from ._checks import check_int, check_positive_int, shape_str
+from ._checks import check_bool, check_int, check_positive_int, shape_str
 from .efficient import LOG2_E
 
 HAVE_TRITON = importlib.util.find_spec("triton") is not None   # False on macOS, Windows: no Triton wheel
@@ -246,6 +246,7 @@ def key_block_bounds(q0: int, block_m: int, block_n: int, S: int, is_causal: boo
     Returns:
         (unmasked_end, end), both key offsets; unmasked_end is a multiple of block_n and <= end.
     """
+    check_bool("is_causal", is_causal)
     for name, value in (("q0", q0), ("block_m", block_m), ("block_n", block_n), ("S", S)):
         if name != "q0":
             check_positive_int(name, value)
@@ -269,6 +270,7 @@ def query_block_bounds(k0: int, block_m: int, block_n: int, L: int, is_causal: b
     Returns:
         (start, diag_end, full_end), each a multiple of block_m.
     """
+    check_bool("is_causal", is_causal)
     for name, value in (("block_m", block_m), ("block_n", block_n), ("L", L)):
         check_positive_int(name, value)
     k0 = check_int("k0", k0, low=0)
@@ -328,6 +330,7 @@ def hbm_bytes(L: int, S: int, D: int, block_m: int, block_n: int, *, B: int = 1,
     Returns:
         dict with q, kv, o (incl. lse) and total bytes of the kernel, and explicit (bytes).
     """
+    check_bool("is_causal", is_causal)
     for name, value in (("L", L), ("S", S), ("D", D), ("B", B), ("H", H)):
         check_positive_int(name, value)
     check_positive_int("block_m", block_m)
@@ -352,6 +355,9 @@ def program_work(block_m: int, block_n: int, D: int, S: int, *, is_causal: bool 
 
     Taught in notebook 15, "Where the memory traffic goes".
     """
+    check_bool("is_causal", is_causal)
+    check_positive_int("D", D)
+    check_positive_int("bytes_per_element", bytes_per_element)
     unmasked, masked = key_blocks_visited(q0, block_m, block_n, S, is_causal)
     per_block = 4 * block_m * block_n * D          # S = Q K^T and P V: 2 * block_m * block_n * D each
     on_chip = (block_m * D + 2 * block_n * D) * bytes_per_element + (block_m * block_n + block_m * D + 2 * block_m) * 4
@@ -445,6 +451,7 @@ def tma_supported(*tensors: Tensor) -> bool:
 
     Taught in notebook 15, "On a GPU".
     """
+    _check_tensors(tensors)
     t = tensors[0]
     if t.dtype not in (torch.bfloat16, torch.float16) or (t.shape[-1] * t.element_size()) % 16:
         return False
@@ -463,7 +470,16 @@ def tma_by_default(*tensors: Tensor) -> bool:
 
     Taught in notebook 15, "On a GPU".
     """
+    _check_tensors(tensors)
     return _compiled(tensors[0].device) and tma_supported(*tensors)
+
+
+def _check_tensors(tensors) -> None:
+    if not tensors:
+        raise ValueError("tensors: pass at least one tensor (q, k, v ...)")
+    for i, t in enumerate(tensors):
+        if not isinstance(t, Tensor):
+            raise ValueError(f"tensors[{i}] must be a torch.Tensor, got {type(t).__name__}")
 
 
 def _use_tma(tma, *tensors: Tensor) -> bool:

@@ -33,7 +33,6 @@ from __future__ import annotations
 import math
 import statistics
 import timeit
-import warnings
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
@@ -219,27 +218,16 @@ def randn(*shape: int, device: torch.device | str = "cpu", dtype: torch.dtype = 
 # FLOPs
 # ---------------------------------------------------------------------------------------------
 
-def attention_flops(B: int, H: int, L: int, S: int, D: int, *, is_causal: bool = False,
-                    causal: bool | None = None) -> float:
+def attention_flops(B: int, H: int, L: int, S: int, D: int, *, is_causal: bool = False) -> float:
     """Forward FLOPs of attention: two matmuls (QK^T and PV) of 2*L*S*D each, per head.
 
     4 * B * H * L * S * D. ``is_causal=True`` halves it: the count for a kernel that *skips*
     the masked half (torch's fused SDPA with ``is_causal=True``, the tiled kernel). A row that
     computes every score and then masks it (explicit attention, SDPA with a boolean mask)
     does the full count whatever the mask: pass ``is_causal=False`` for it.
-    ``causal=`` is the deprecated old name of ``is_causal`` (DeprecationWarning).
     """
-    is_causal = _renamed_causal(is_causal, causal)
     flops = 4.0 * B * H * L * S * D
     return flops / 2 if is_causal else flops
-
-
-def _renamed_causal(is_causal: bool, causal: bool | None) -> bool:
-    """``is_causal``, or the deprecated ``causal=`` keyword it replaced (with a DeprecationWarning)."""
-    if causal is None:
-        return is_causal
-    warnings.warn("causal= is deprecated; pass is_causal=", DeprecationWarning, stacklevel=3)
-    return causal
 
 
 # ---------------------------------------------------------------------------------------------
@@ -595,16 +583,15 @@ def compare_attention(impls: dict[str, Callable[..., object]], *, B: int | None 
                       device: torch.device | str | None = None, seed: int = 0,
                       budget_s: float = 0.5, skips_masked: Collection[str] = (),
                       compute_dtypes: dict[str, torch.dtype] | None = None,
-                      ulps: float | None = None, causal: bool | None = None) -> list[BenchRow]:
+                      ulps: float | None = None) -> list[BenchRow]:
     """Compare attention functions ``fn(q, k, v, is_causal=...)`` against torch SDPA.
 
     Sizes default to ``default_sizes(device)``; q, k, v are (B, H, L|S, D), seeded, drawn on
     the device. The reference row is named "torch SDPA". FLOPs per row: with ``is_causal``, torch
     SDPA and the rows named in ``skips_masked`` get the halved count (they skip the masked
     half), every other row the full count (it computes every score, then masks).
-    On CUDA the head size must be at most ``MAX_FUSED_HEAD_DIM``. ``causal=``: deprecated old name.
+    On CUDA the head size must be at most ``MAX_FUSED_HEAD_DIM``.
     """
-    is_causal = _renamed_causal(is_causal, causal)
     device = torch.device(device) if device is not None else best_device()
     sizes = default_sizes(device)
     B, H, L, D = (sizes[n] if x is None else x for n, x in zip("BHLD", (B, H, L, D)))

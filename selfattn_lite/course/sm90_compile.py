@@ -59,7 +59,7 @@ def _signature(kernel: str, dtype: str, tma: bool, block_m: int, block_n: int, b
     return {**ptrs, **rest}
 
 
-def cases(dtypes=DTYPES, head_dims=HEAD_DIMS, causal=(False, True)) -> list[dict]:
+def cases(dtypes=DTYPES, head_dims=HEAD_DIMS, is_causal=(False, True)) -> list[dict]:
     """One dict per (kernel, configuration, dtype, D, causal, tma, atomic_dq) that ``flash_attention`` can launch
     on sm_90: every configuration with TMA descriptors (what bfloat16/float16 at D = 64, 128 runs there), the
     dK/dV kernel with and without atomic dQ, and each kernel's first configuration with pointer loads (what
@@ -69,14 +69,14 @@ def cases(dtypes=DTYPES, head_dims=HEAD_DIMS, causal=(False, True)) -> list[dict
     out = []
     for dtype in dtypes:
         for D in head_dims:
-            for is_causal in causal:
+            for causal in is_causal:
                 for kernel, configs, atomic in (("attn_fwd_kernel", ta.FWD_CONFIGS, None),
                                                 ("attn_bwd_dkdv_kernel", ta.DKDV_CONFIGS, False),
                                                 ("attn_bwd_dkdv_kernel", ta.ATOMIC_CONFIGS, True),
                                                 ("attn_bwd_dq_kernel", ta.DQ_CONFIGS, None)):
                     for i, config in enumerate(configs):
-                        for tma in (True, False) if i == 0 and not is_causal and atomic is not True else (True,):
-                            out.append(dict(kernel=kernel, config=dict(config), dtype=dtype, D=D, causal=is_causal,
+                        for tma in (True, False) if i == 0 and not causal and atomic is not True else (True,):
+                            out.append(dict(kernel=kernel, config=dict(config), dtype=dtype, D=D, causal=causal,
                                             tma=tma, atomic_dq=atomic))
             out.append(dict(kernel="attn_bwd_preprocess_kernel",
                             config=dict(BLOCK_M=ta.PREPROCESS_BLOCK_M, num_warps=4, num_stages=1),

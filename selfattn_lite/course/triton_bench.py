@@ -103,11 +103,11 @@ def summarize(records: list[dict], *, n: int = 4096, D: int = 128) -> dict:
     (fwd+bwd) - fwd; and each one's share of peak on the forward + backward FLOPs (None on an
     unknown device).
     """
-    def find(causal, pass_, impl):
+    def find(is_causal, pass_, impl):
         for r in records:
-            if (r["n"], r["D"], r["causal"], r["pass"], r["impl"]) == (n, D, causal, pass_, impl):
+            if (r["n"], r["D"], r["causal"], r["pass"], r["impl"]) == (n, D, is_causal, pass_, impl):
                 return r
-        raise ValueError(f"no record for n={n}, D={D}, causal={causal}, pass={pass_}, impl={impl}")
+        raise ValueError(f"no record for n={n}, D={D}, is_causal={is_causal}, pass={pass_}, impl={impl}")
 
     out = {}
     for causal in (False, True):

@@ -15,7 +15,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from .sharding import LAYOUTS, shard_lengths
+from .._checks import check_bool, check_int, check_tensor, shape_str
+from .sharding import LAYOUTS, check_layout, shard_lengths
 
 __all__ = ["Counters", "counters", "reset_counters", "exchange", "wait_all", "group_rank_size",
            "exchange_shapes", "check_floats"]
@@ -37,10 +38,15 @@ class Counters:
     kv_held: int = 0
 
     def add(self, kind: str, nbytes: int) -> None:
+        if not isinstance(kind, str):
+            raise ValueError(f"kind must be a str (what was sent, e.g. 'kv'), got {kind!r}")
+        check_int("nbytes", nbytes)
         self.sent[kind] = self.sent.get(kind, 0) + int(nbytes)
 
     def hold(self, *tensors: Tensor) -> None:
         """Measure the bytes of the distinct tensors held now (one held twice counts once); keep the most."""
+        for i, t in enumerate(tensors):
+            check_tensor(f"tensors[{i}]", t)
         distinct = {t.data_ptr(): t.nbytes for t in tensors}
         self.kv_held = max(self.kv_held, sum(distinct.values()))
 
@@ -104,6 +110,12 @@ def exchange_shapes(q: Tensor, k: Tensor, v: Tensor, layout: str, is_causal: boo
     ``local_error`` is what this rank found wrong with its own inputs (None: nothing). It is
     shared in the gathered table, so every rank raises (none is left waiting in a collective).
     """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_tensor(name, t)
+        if t.dim() < 2:
+            raise ValueError(f"{what}: {name} must have at least 2 dims (..., L, E), got shape {shape_str(t)}")
+    check_layout(layout)
+    check_bool("is_causal", is_causal)
     rank, world = group_rank_size(group)
     if max(q.dim(), k.dim(), v.dim()) > 8:
         local_error = local_error or f"at most 8 dims, got q {tuple(q.shape)}"

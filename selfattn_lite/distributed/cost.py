@@ -6,13 +6,22 @@ Taught in notebook 14, "What each rank sends" to "At scale, on paper".
 
 from __future__ import annotations
 
-from .._checks import check_positive_int
+import math
+
+from .._checks import check_bool, check_positive_int, check_real
 from .ring import ring_tiles
 from .sharding import shard_lengths, shard_segments
 from .ulysses import kv_replication
 
 __all__ = ["ring_schedule", "ring_bytes_per_rank", "ring_kv_held_bytes", "ulysses_bytes_per_rank", "causal_work",
            "max_sequence_length"]
+
+
+def _check_sizes(**sizes) -> None:
+    """Each named size (None skipped) is a positive int."""
+    for name, n in sizes.items():
+        if n is not None:
+            check_positive_int(name, n)
 
 
 def ring_schedule(world_size: int) -> list[list[int]]:
@@ -35,6 +44,8 @@ def ring_bytes_per_rank(L: int, world_size: int, *, layout: str = "contiguous", 
     Returns:
         One dict per rank: {"kv": bytes, "kv_bwd": bytes, "dkv": bytes}.
     """
+    _check_sizes(batch_heads=batch_heads, head_dim=head_dim, value_dim=value_dim, itemsize=itemsize,
+                 grad_itemsize=grad_itemsize)
     value_dim = head_dim if value_dim is None else value_dim
     grad_itemsize = itemsize if grad_itemsize is None else grad_itemsize
     lengths = shard_lengths(L, world_size, layout=layout)
@@ -57,6 +68,7 @@ def ring_kv_held_bytes(L: int, world_size: int, *, layout: str = "contiguous", b
     distinct blocks, each n rows x batch_heads x (E + Ev) x itemsize. Equal shards: 3 blocks for W >= 3
     (3/W of the whole K/V), 2 for W = 2, 1 for W = 1.
     """
+    _check_sizes(batch_heads=batch_heads, head_dim=head_dim, value_dim=value_dim, itemsize=itemsize)
     value_dim = head_dim if value_dim is None else value_dim
     lengths = shard_lengths(L, world_size, layout=layout)
     row = batch_heads * (head_dim + value_dim) * itemsize
@@ -83,6 +95,8 @@ def ulysses_bytes_per_rank(L: int, world_size: int, *, batch: int = 1, heads: in
     Returns:
         One dict per rank: {"qkv": bytes, "out": bytes, "forward": bytes, "backward": bytes}.
     """
+    _check_sizes(batch=batch, heads=heads, kv_heads=kv_heads, head_dim=head_dim, value_dim=value_dim,
+                 itemsize=itemsize)
     kv_heads = heads if kv_heads is None else kv_heads
     kv_heads *= kv_replication(heads, kv_heads, world_size)           # R h_kv heads are sent
     value_dim = head_dim if value_dim is None else value_dim
@@ -107,6 +121,8 @@ def causal_work(L: int, world_size: int, *, layout: str = "contiguous", is_causa
     0..r, so the last rank works about twice the average. Zigzag: every rank holds one early and
     one late chunk and the work is (nearly) equal.
     """
+    check_positive_int("world_size", world_size)
+    check_bool("is_causal", is_causal)
     segs = [shard_segments(L, r, world_size, layout=layout) for r in range(world_size)]
     return [sum((rows.stop - rows.start) * (cols.stop - cols.start)
                 for src in range(world_size) for rows, cols, *_ in ring_tiles(segs[r], segs[src], is_causal=is_causal))
@@ -163,7 +179,14 @@ def max_sequence_length(n_devices: int, gib_per_device: float, *, d_model: int, 
     Taught in notebook 14, "At scale, on paper".
     """
     check_positive_int("n_devices", n_devices)
-    check_positive_int("n_layers", n_layers)
+    _check_sizes(d_model=d_model, n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv_heads,
+                 bytes_per_value=bytes_per_value)
+    check_positive_int("ffn_dim", ffn_dim)
+    check_bool("checkpoint", checkpoint)
+    gib_per_device = check_real("gib_per_device", gib_per_device, low=0, low_open=True, high=math.inf, high_open=True)
+    reserved_gib = check_real("reserved_gib", reserved_gib, low=0, high=math.inf, high_open=True)
+    if d_model % n_heads:
+        raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
     n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
     d_kv = d_model * n_kv_heads // n_heads
     budget = (gib_per_device - reserved_gib) * 2**30

@@ -193,6 +193,7 @@ def _environ(**values):
 
 def choose_backend(world_size: int) -> str:
     """"nccl" when there is one GPU per rank, else "gloo" (CPU processes; also on a single-GPU machine)."""
+    check_positive_int("world_size", world_size)
     return "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= world_size else "gloo"
 
 

@@ -22,6 +22,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from .._checks import check_bool, check_qkv, check_real, check_same_dtype, check_shape, check_tensor, is_int, shape_str
 from ..attention import upcast_dtype
 from ..efficient import TileKind, tile_kind
 from .comm import check_floats, counters, exchange, exchange_shapes, group_rank_size, wait_all
@@ -45,6 +46,14 @@ def block_attention(q: Tensor, k: Tensor, v: Tensor, *, scale: float, mask: Tens
     Returns:
         out (..., Lq, Ev) and lse (..., Lq), in float32 for half inputs, else in q's dtype.
     """
+    check_qkv(q, k, v, enable_gqa=None, names=("q", "k", "v"))
+    scale = check_real("scale", scale)
+    if mask is not None:
+        check_tensor("mask", mask)
+        if mask.dtype != torch.bool:
+            raise ValueError(f"mask must be bool (True = may attend), got dtype {mask.dtype}")
+        check_shape("mask", mask, (q.shape[-2], k.shape[-2]), layout="(Lq, Lk)",
+                    against=f"q {shape_str(q)}, k {shape_str(k)}")
     compute = upcast_dtype(q.dtype)
     s = (q.to(compute) @ k.to(compute).transpose(-2, -1)) * scale        # (..., Lq, Lk)
     if mask is not None:
@@ -99,6 +108,14 @@ def merge_partials(out1: Tensor, lse1: Tensor, out2: Tensor, lse2: Tensor) -> tu
     Returns:
         (out (..., L, Ev), lse (..., L)).
     """
+    for name, t in (("out1", out1), ("lse1", lse1), ("out2", out2), ("lse2", lse2)):
+        check_tensor(name, t, floating=True)
+    if out1.dim() < 1:
+        raise ValueError("out1 must have at least 1 dim (..., L, Ev), got a 0-dim tensor")
+    check_shape("out2", out2, out1.shape, layout="(..., L, Ev)", against=f"out1 {shape_str(out1)}")
+    for name, t in (("lse1", lse1), ("lse2", lse2)):
+        check_shape(name, t, out1.shape[:-1], layout="(..., L)", against=f"out1 {shape_str(out1)}")
+    check_same_dtype(out1=out1, lse1=lse1, out2=out2, lse2=lse2)
     lse = torch.logaddexp(lse1, lse2)
     safe = lse.masked_fill(torch.isneginf(lse), 0.0)
     w1, w2 = torch.exp(lse1 - safe).unsqueeze(-1), torch.exp(lse2 - safe).unsqueeze(-1)   # (..., L, 1)
@@ -132,6 +149,7 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, *, is_causal: bool = False, 
     """
     check_layout(layout)
     check_floats(q, k, v, "ring_attention")
+    check_bool("is_causal", is_causal)
     problem = None
     if not (q.shape[:-2] == k.shape[:-2] == v.shape[:-2] and q.shape[-1] == k.shape[-1]
             and k.shape[-2] == v.shape[-2] and q.dtype == k.dtype == v.dtype):
@@ -167,6 +185,14 @@ def ring_tiles(q_segs: list[tuple[int, int]], k_segs: list[tuple[int, int]], *, 
     Yields:
         ``RingTile(rows, cols, kind, mask)`` with rows / cols slices into the local tensors.
     """
+    check_bool("is_causal", is_causal)
+    for name, segs in (("q_segs", q_segs), ("k_segs", k_segs)):
+        ok = isinstance(segs, list | tuple) and segs and all(
+            isinstance(r, list | tuple) and len(r) == 2 and is_int(r[0]) and is_int(r[1]) and 0 <= r[0] < r[1]
+            for r in segs)
+        if not ok:
+            raise ValueError(f"{name} must be a non-empty list of [start, stop) runs with 0 <= start < stop "
+                             f"(from shard_segments), got {segs!r:.80}")
     end = max(b for _, b in [*q_segs, *k_segs])
     below, above = end, (0 if is_causal else end)       # query i sees key j iff -below <= j - i <= above
     qo = 0

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .._checks import check_int, check_positive_int
+from .._checks import check_int, check_positive_int, is_int, shape_str
 
 __all__ = ["LAYOUTS", "split_sizes", "shard_segments", "shard_indices", "shard_lengths", "shard", "unshard",
            "check_layout"]
@@ -46,9 +46,10 @@ def shard_segments(L: int, rank: int, world_size: int, *, layout: str = "contigu
     check_positive_int("world_size", world_size)
     rank = check_int("rank", rank, low=0, high=world_size - 1)
     parts = world_size if layout == "contiguous" else 2 * world_size
-    if isinstance(L, bool) or not isinstance(L, int) or L < parts:
+    if not is_int(L) or L < parts:
         raise ValueError(f"a sequence of L={L!r} rows cannot be cut into {parts} non-empty parts "
                          f"(layout={layout!r}, world_size={world_size}): need L >= {parts}")
+    L = int(L)
     sizes = split_sizes(L, parts)
     starts = [sum(sizes[:p]) for p in range(parts)]
     chunks = [rank] if layout == "contiguous" else [rank, 2 * world_size - 1 - rank]
@@ -62,6 +63,7 @@ def shard_indices(L: int, rank: int, world_size: int, *, layout: str = "contiguo
 
 def shard_lengths(L: int, world_size: int, *, layout: str = "contiguous") -> list[int]:
     """Rows held by each rank."""
+    check_positive_int("world_size", world_size)
     return [sum(b - a for a, b in shard_segments(L, r, world_size, layout=layout)) for r in range(world_size)]
 
 
@@ -92,7 +94,13 @@ def unshard(shards: list[Tensor], *, layout: str = "contiguous", dim: int = -2) 
     if not isinstance(shards, (list, tuple)) or not shards or not all(isinstance(s, Tensor) for s in shards):
         raise ValueError("shards must be a non-empty list of tensors, one per rank")
     world_size = len(shards)
-    d = _dim(shards[0], dim)
+    d = _dim(shards[0], dim, "shards[0]")
+    first = shards[0]
+    for r, s in enumerate(shards):
+        if s.dim() != first.dim() or s.dtype != first.dtype or \
+                s.shape[:d] + s.shape[d + 1:] != first.shape[:d] + first.shape[d + 1:]:
+            raise ValueError(f"shards must agree in every dim but dim {dim}, and in dtype: shards[0] "
+                             f"{shape_str(first)} {first.dtype}, shards[{r}] {shape_str(s)} {s.dtype}")
     lengths = [s.shape[d] for s in shards]
     L = sum(lengths)
     try:
@@ -113,12 +121,12 @@ def unshard(shards: list[Tensor], *, layout: str = "contiguous", dim: int = -2) 
 
 def check_layout(layout: str) -> str:
     """``layout`` if it is one of ``LAYOUTS``, else ValueError."""
-    if layout not in LAYOUTS:
+    if not isinstance(layout, str) or layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     return layout
 
 
-def _dim(x: Tensor, dim: int) -> int:
-    if not -x.dim() <= dim < x.dim():
-        raise ValueError(f"dim={dim} is out of range for a tensor of shape {tuple(x.shape)}")
+def _dim(x: Tensor, dim: int, name: str = "x") -> int:
+    if not is_int(dim) or not -x.dim() <= dim < x.dim():
+        raise ValueError(f"dim={dim!r} is out of range for {name} of shape {tuple(x.shape)}")
     return dim % x.dim()

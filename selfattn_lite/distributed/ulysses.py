@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .._checks import check_bool, check_positive_int
 from .comm import check_floats, exchange, exchange_shapes, group_rank_size, wait_all
 
 __all__ = ["ulysses_attention", "kv_replication"]
@@ -37,6 +38,8 @@ def kv_replication(heads: int, kv_heads: int, world_size: int) -> int:
     Raises:
         ValueError: h not divisible by W or by h_kv.
     """
+    for name, n in (("heads", heads), ("kv_heads", kv_heads), ("world_size", world_size)):
+        check_positive_int(name, n)
     if heads % world_size or kv_heads < 1 or heads % kv_heads:
         raise ValueError(f"heads are split over {world_size} ranks: q has {heads} heads, k/v {kv_heads}; h must be "
                          f"divisible by {world_size} and by h_kv")
@@ -68,6 +71,7 @@ def ulysses_attention(q: Tensor, k: Tensor, v: Tensor, *, is_causal: bool = Fals
     """
     rank, world = group_rank_size(group)
     check_floats(q, k, v, "ulysses_attention", min_dim=3)
+    check_bool("is_causal", is_causal)
     h, h_kv = q.shape[-3], k.shape[-3]
     problem, copies = None, 1
     try:

@@ -64,9 +64,9 @@ def check_merge_stats(fn) -> None:
     return passed("(m, l) of two chunks merged exactly: l = l1·exp(m1 − m) + l2·exp(m2 − m)")
 
 
-def _tiles(n: int, block: int, causal: bool) -> int:
+def _tiles(n: int, block: int, is_causal: bool) -> int:
     t = math.ceil(n / block)
-    return t * (t + 1) // 2 if causal else t * t
+    return t * (t + 1) // 2 if is_causal else t * t
 
 
 def check_tile_count(fn) -> None:

@@ -289,12 +289,6 @@ def test_plot_rows():
     assert [t.get_text() for t in ax.get_yticklabels()] == ["b [float32 -> float64]", "a"]
 
 
-def test_causal_keyword_is_the_deprecated_name_of_is_causal():
-    with pytest.warns(DeprecationWarning, match="causal= is deprecated"):
-        old = bench.attention_flops(1, 2, 64, 64, 16, causal=True)
-    assert old == bench.attention_flops(1, 2, 64, 64, 16, is_causal=True) == 4 * 2 * 64 * 64 * 16 / 2
-
-
 def test_the_cuda_clock_synchronizes_without_torch_utils_benchmark(monkeypatch):
     """A GPU timing waits for the device, and needs no setuptools (which torch.utils.benchmark imports and a
     bare GPU machine's Python may lack): the clock synchronizes the device itself."""

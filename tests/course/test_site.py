@@ -52,14 +52,14 @@ def test_home_page_lists_every_notebook_with_its_time():
     assert "explorer" in page
 
 
-@pytest.mark.parametrize("causal", [False, True])
-def test_explorer_weights_survive_the_byte_encoding(causal):
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_explorer_weights_survive_the_byte_encoding(is_causal):
     w = torch.softmax(torch.randn(2, 3, 7, 7), dim=-1)
-    if causal:
+    if is_causal:
         w = torch.softmax(torch.randn(2, 3, 7, 7).masked_fill(~torch.ones(7, 7, dtype=torch.bool).tril(),
                                                               float("-inf")), dim=-1)
-    data = explorer_data.quantize(w, causal)
-    torch.testing.assert_close(explorer_data.dequantize(data, tuple(w.shape), causal), w, atol=1 / 510, rtol=0)
+    data = explorer_data.quantize(w, is_causal)
+    torch.testing.assert_close(explorer_data.dequantize(data, tuple(w.shape), is_causal), w, atol=1 / 510, rtol=0)
     assert len(data) < (2 * 3 * 7 * 7) * 4 / 3 + 4
     with pytest.raises(ValueError, match=r"\[0, 1\]"):
         explorer_data.quantize(w - 1)

@@ -50,9 +50,9 @@ def test_merge_stats_empty_chunk_nan():
 
 # ----------------------------------------------------------------------------- nb08: tiles_computed
 
-def tiles_right(n, block, causal):
+def tiles_right(n, block, is_causal):
     t = math.ceil(n / block)
-    return t * (t + 1) // 2 if causal else t * t
+    return t * (t + 1) // 2 if is_causal else t * t
 
 
 RIGHT["tile_count"] = nb08.check_tile_count, tiles_right

@@ -126,7 +126,7 @@ def test_static_figure_and_bad_input():
     assert "layer 5" in fig._suptitle.get_text() and "'it' (8) attends most to: cat" in fig.texts[-1].get_text()
     with pytest.raises(ValueError, match=r"query must be a token index in 0\.\.11 or None, got 12"):
         draw_explorer(maps, query=12)
-    with pytest.raises(ValueError, match=r"layer must be in 0\.\.5, got 7"):
+    with pytest.raises(ValueError, match=r"layer must be an int in \[0, 5\], got 7"):
         draw_explorer(maps, layer=7)
     tiny = AttentionMaps(["a", "b"], torch.tensor([[[[1.0, 0.0], [0.25, 0.75]]]]))
     assert top_keys(tiny.weights[0, 0, 1], tiny.tokens, k=5) == [(1, "b", 0.75), (0, "a", 0.25)]

@@ -109,16 +109,16 @@ def test_weights_rows_are_distributions_and_output_is_weights_at_v(inputs):
 
 @given(attention_inputs(), st.sampled_from(["none", "bool", "bool-full", "float", "float-full"]),
        st.booleans())
-def test_gradients_match_torch_even_through_fully_masked_rows(inputs, mask_kind, causal):
+def test_gradients_match_torch_even_through_fully_masked_rows(inputs, mask_kind, is_causal):
     q, k, v, g = inputs
     q, k, v = q.double(), k.double(), v.double()       # float64: gradients compared tightly
-    mask = None if causal else mask_for(mask_kind, q, k, g)
+    mask = None if is_causal else mask_for(mask_kind, q, k, g)
     mask = mask.double() if mask is not None and mask.is_floating_point() else mask
     upstream = torch.randn(*q.shape[:-1], v.shape[-1], generator=g, dtype=torch.float64).to(q.device)
     ours = [t.clone().requires_grad_() for t in (q, k, v)]
     theirs = [t.clone().requires_grad_() for t in (q, k, v)]
-    (sdpa(*ours, attn_mask=mask, is_causal=causal)[0] * upstream).sum().backward()
-    (F.scaled_dot_product_attention(*theirs, attn_mask=mask, is_causal=causal) * upstream).sum().backward()
+    (sdpa(*ours, attn_mask=mask, is_causal=is_causal)[0] * upstream).sum().backward()
+    (F.scaled_dot_product_attention(*theirs, attn_mask=mask, is_causal=is_causal) * upstream).sum().backward()
     for a, b in zip(ours, theirs):
         assert torch.isfinite(a.grad).all()
         torch.testing.assert_close(a.grad, b.grad, **TOL[torch.float64])

@@ -127,18 +127,18 @@ def test_attention_backward_bad_input(call, fragment):
 # ----------------------------------------------------------------------------- flash_attention's backward
 
 @settings(max_examples=60, deadline=None)
-@given(problem=problems(), causal=st.booleans(), window=st.sampled_from([None, 1, 3, 7]),
+@given(problem=problems(), is_causal=st.booleans(), window=st.sampled_from([None, 1, 3, 7]),
        block_q=st.integers(1, 24), block_k=st.integers(1, 24))
-def test_flash_backward_matches_autograd_float64(problem, causal, window, block_q, block_k):
+def test_flash_backward_matches_autograd_float64(problem, is_causal, window, block_q, block_k):
     q, k, v, grad_out, gqa, scale, _ = problem
     L, S = q.shape[-2], k.shape[-2]
     kwargs = dict(scale=scale, enable_gqa=gqa)
     if window is None:
-        expected = autograd_grads(q, k, v, grad_out, is_causal=causal, **kwargs)
+        expected = autograd_grads(q, k, v, grad_out, is_causal=is_causal, **kwargs)
     else:   # windows may leave rows with no key (L > S): SDPA gives them zero output and gradient
-        expected = autograd_grads(q, k, v, grad_out, attn_mask=sliding_window_mask(L, window, S, is_causal=causal),
+        expected = autograd_grads(q, k, v, grad_out, attn_mask=sliding_window_mask(L, window, S, is_causal=is_causal),
                                   **kwargs)
-    got = flash_grads(q, k, v, grad_out, is_causal=causal, window=window, block_size=(block_q, block_k), **kwargs)
+    got = flash_grads(q, k, v, grad_out, is_causal=is_causal, window=window, block_size=(block_q, block_k), **kwargs)
     for name, a, b, t in zip("qkv", got, expected, (q, k, v), strict=True):
         assert a.shape == t.shape, name
         assert not a.isnan().any(), name
@@ -146,11 +146,11 @@ def test_flash_backward_matches_autograd_float64(problem, causal, window, block_
 
 
 @settings(max_examples=30, deadline=None)
-@given(problem=problems(dtype=torch.float32), causal=st.booleans(), block=st.integers(1, 16))
-def test_flash_backward_matches_autograd_float32(problem, causal, block):
+@given(problem=problems(dtype=torch.float32), is_causal=st.booleans(), block=st.integers(1, 16))
+def test_flash_backward_matches_autograd_float32(problem, is_causal, block):
     """float32: our error against a float64 reference stays within a small multiple of torch's own."""
     q, k, v, grad_out, gqa, scale, _ = problem
-    kwargs = dict(is_causal=causal, scale=scale, enable_gqa=gqa)
+    kwargs = dict(is_causal=is_causal, scale=scale, enable_gqa=gqa)
     ref = autograd_grads(q.double(), k.double(), v.double(), grad_out.double(), **kwargs)
     theirs = autograd_grads(q, k, v, grad_out, **kwargs)
     ours = flash_grads(q, k, v, grad_out, block_size=block, **kwargs)

@@ -129,13 +129,13 @@ def test_explore_decoder_runs_a_model_on_its_device(device):
 
 # --------------------------------------------------------------------------- kernels and caches
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("causal", [False, True])
-def test_flash_attention_matches_torch_on_each_device(device, causal):
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_flash_attention_matches_torch_on_each_device(device, is_causal):
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 3, 37, 16, generator=g).to(device) for _ in range(3))
-    got = flash_attention(q, k, v, is_causal=causal, block_size=(8, 16))
+    got = flash_attention(q, k, v, is_causal=is_causal, block_size=(8, 16))
     assert got.device.type == device
-    torch.testing.assert_close(got, F.scaled_dot_product_attention(q, k, v, is_causal=causal), atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(got, F.scaled_dot_product_attention(q, k, v, is_causal=is_causal), atol=1e-5, rtol=1e-4)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -60,19 +60,19 @@ def test_bad_sharding_inputs_raise_clear_errors():
 
 # ----------------------------------------------------------------------------- merge (one process)
 
-@given(L=st.integers(1, 9), S=st.integers(2, 12), cut=st.integers(1, 11), causal=st.booleans(),
+@given(L=st.integers(1, 9), S=st.integers(2, 12), cut=st.integers(1, 11), is_causal=st.booleans(),
        dtype=st.sampled_from([torch.float32, torch.float64]))
-def test_merging_two_blocks_of_keys_is_attention_to_all(L, S, cut, causal, dtype):
+def test_merging_two_blocks_of_keys_is_attention_to_all(L, S, cut, is_causal, dtype):
     cut = min(cut, S - 1)
     gen = torch.Generator().manual_seed(L * 100 + S)
     q, k, v = (torch.randn(2, n, 5, generator=gen, dtype=dtype) for n in (L, S, S))
-    mask = torch.ones(L, S, dtype=torch.bool).tril() if causal else None
+    mask = torch.ones(L, S, dtype=torch.bool).tril() if is_causal else None
     scale = 5 ** -0.5
     o1, l1 = D.block_attention(q, k[:, :cut], v[:, :cut], scale=scale, mask=None if mask is None else mask[:, :cut])
     o2, l2 = D.block_attention(q, k[:, cut:], v[:, cut:], scale=scale, mask=None if mask is None else mask[:, cut:])
     out, lse = D.merge_partials(o1, l1, o2, l2)
-    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, is_causal=causal))
-    scores = (q @ k.transpose(-2, -1) * scale).masked_fill(~mask if causal else torch.zeros(L, S, dtype=torch.bool),
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, is_causal=is_causal))
+    scores = (q @ k.transpose(-2, -1) * scale).masked_fill(~mask if is_causal else torch.zeros(L, S, dtype=torch.bool),
                                                            float("-inf"))
     torch.testing.assert_close(lse, torch.logsumexp(scores, -1))
 

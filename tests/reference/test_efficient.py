@@ -37,19 +37,19 @@ def qkv(lead, L, S, E, Ev, *, dtype=torch.float64, seed=0):
 
 @given(lead=st.lists(st.integers(1, 3), min_size=0, max_size=2), L=st.integers(1, 70), S=st.integers(1, 70),
        E=st.integers(1, 12), Ev=st.integers(1, 12), block_q=st.integers(1, 40), block_k=st.integers(1, 40),
-       causal=st.booleans(), seed=st.integers(0, 2**16))
-def test_flash_matches_torch_sdpa(lead, L, S, E, Ev, block_q, block_k, causal, seed):
+       is_causal=st.booleans(), seed=st.integers(0, 2**16))
+def test_flash_matches_torch_sdpa(lead, L, S, E, Ev, block_q, block_k, is_causal, seed):
     q, k, v = qkv(lead, L, S, E, Ev, seed=seed)
-    got = flash_attention(q, k, v, is_causal=causal, block_size=(block_q, block_k))
-    torch.testing.assert_close(got, F.scaled_dot_product_attention(q, k, v, is_causal=causal))
+    got = flash_attention(q, k, v, is_causal=is_causal, block_size=(block_q, block_k))
+    torch.testing.assert_close(got, F.scaled_dot_product_attention(q, k, v, is_causal=is_causal))
 
 
-@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("is_causal", [False, True])
 @pytest.mark.parametrize("n", [1, 511, 512, 513, 1000])
-def test_flash_default_block_size_float32(n, causal):
+def test_flash_default_block_size_float32(n, is_causal):
     q, k, v = qkv((1, 2), n, n, 16, 16, dtype=torch.float32, seed=n)
-    got = flash_attention(q, k, v, is_causal=causal)
-    torch.testing.assert_close(got, F.scaled_dot_product_attention(q, k, v, is_causal=causal), atol=1e-5, rtol=1e-4)
+    got = flash_attention(q, k, v, is_causal=is_causal)
+    torch.testing.assert_close(got, F.scaled_dot_product_attention(q, k, v, is_causal=is_causal), atol=1e-5, rtol=1e-4)
 
 
 def test_flash_broadcasts_leading_dims_and_custom_scale():
@@ -160,11 +160,11 @@ def test_sliding_window_mask_definition():
 
 
 @given(L=st.integers(1, 40), S=st.integers(1, 40), window=st.integers(1, 45), block=st.integers(1, 16),
-       causal=st.booleans(), seed=st.integers(0, 2**16))
-def test_sliding_window_attention_matches_masked_sdpa(L, S, window, block, causal, seed):
+       is_causal=st.booleans(), seed=st.integers(0, 2**16))
+def test_sliding_window_attention_matches_masked_sdpa(L, S, window, block, is_causal, seed):
     q, k, v = qkv((2,), L, S, 6, 5, seed=seed)
-    mask = sliding_window_mask(L, window, S, is_causal=causal)
-    got = sliding_window_attention(q, k, v, window, is_causal=causal, block_size=block)
+    mask = sliding_window_mask(L, window, S, is_causal=is_causal)
+    got = sliding_window_attention(q, k, v, window, is_causal=is_causal, block_size=block)
     want = sal.scaled_dot_product_attention(q, k, v, attn_mask=mask)[0]     # fully masked rows: zeros
     torch.testing.assert_close(got, want)
     if mask.any(-1).all():
@@ -180,9 +180,9 @@ def test_query_with_no_key_in_window_gets_zero_output():
 
 # ----------------------------------------------------------------------------- linear attention
 
-def quadratic_linear_attention(q, k, v, causal):
+def quadratic_linear_attention(q, k, v, is_causal):
     a = elu_feature_map(q) @ elu_feature_map(k).transpose(-2, -1)           # (..., L, S) kernel
-    if causal:
+    if is_causal:
         a = a.tril()
     return (a @ v) / a.sum(-1, keepdim=True)
 

@@ -107,9 +107,9 @@ def test_bad_input_raises_value_errors(decoder):
     with pytest.raises(ValueError, match=r"not in the vocabulary"):
         ex.explore_decoder("CAPS", model=decoder)
     maps = ex.explore("The cat sat on it")
-    with pytest.raises(ValueError, match=r"layer must be in 0\.\.5, got 6"):
+    with pytest.raises(ValueError, match=r"layer must be an int in \[0, 5\], got 6"):
         maps.head(6, 0)
-    with pytest.raises(ValueError, match=r"head must be in 0\.\.11, got 12"):
+    with pytest.raises(ValueError, match=r"head must be an int in \[0, 11\], got 12"):
         maps.head(0, 12)
     with pytest.raises(ValueError, match=r"'dog'.*not among the tokens"):
         ex.token_scores(maps, "it", "dog")

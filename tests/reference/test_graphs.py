@@ -134,5 +134,5 @@ def test_bad_inputs_name_the_shapes(args, message):
 
 
 def test_bad_layer_sizes():
-    with pytest.raises(ValueError, match="heads must be >= 1"):
+    with pytest.raises(ValueError, match="heads must be a positive int, got 0"):
         GATLayer(4, 2, heads=0)

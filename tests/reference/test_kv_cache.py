@@ -251,7 +251,7 @@ def test_int8_cache_same_api_and_smaller():
     assert q8.nbytes / ref.nbytes == pytest.approx((32 + 4) / (32 * 4))
     with pytest.raises(ValueError, match="overflow"):
         q8.update(k[:, :, :1], v[:, :, :1])
-    with pytest.raises(ValueError, match="expects a floating tensor"):
+    with pytest.raises(ValueError, match="x must be a floating-point tensor"):
         quantize_int8(torch.ones(3, dtype=torch.int64))
 
 

@@ -187,7 +187,7 @@ def test_key_padding_polarity_matches_nn_multihead_attention():
      r"masks of shapes \(2, 3\), \(4, 3\) do not broadcast"),
     (lambda: masks.combine_masks(torch.ones(2, 2)), "bool masks"),
     (lambda: masks.combine_masks([[True]]), r"each mask must be a torch.Tensor, got list"),
-    (lambda: masks.key_padding_to_attn_mask(torch.ones(2, 3)), r"\(B, S\) bool mask.*\(2, 3\)"),
+    (lambda: masks.key_padding_to_attn_mask(torch.ones(2, 3)), r"real_tokens \(2, 3\) must be bool \(True = real token\) or integer 0/1"),
     (lambda: masks.is_fully_masked([[True]]), r"torch.Tensor, got list"),
 ])
 def test_mask_bad_input(call, message):

@@ -96,15 +96,15 @@ def test_bias_false_has_no_biases():
 
 @given(B=st.integers(1, 3), L=st.integers(1, 6), S=st.integers(1, 6), hd=st.sampled_from([2, 4, 8]),
        heads=st.sampled_from([(1, 1), (4, 4), (4, 2), (4, 1), (6, 3)]), cross=st.booleans(),
-       causal=st.booleans(), seed=st.integers(0, 2**16))
-def test_matches_per_head_loop(B, L, S, hd, heads, cross, causal, seed):
+       is_causal=st.booleans(), seed=st.integers(0, 2**16))
+def test_matches_per_head_loop(B, L, S, hd, heads, cross, is_causal, seed):
     torch.manual_seed(seed)
     h, h_kv = heads
-    mha = MultiHeadAttention(h * hd, h, h_kv, is_causal=causal)
+    mha = MultiHeadAttention(h * hd, h, h_kv, is_causal=is_causal)
     x = torch.randn(B, L, h * hd)
     context = torch.randn(B, S, h * hd) if cross else None
     S = S if cross else L
-    mask = causal_mask(L, S) if causal else None                       # top-left, like is_causal
+    mask = causal_mask(L, S) if is_causal else None                       # top-left, like is_causal
     expected = per_head_reference(mha, x, context, mask)
     for need_weights in (True, False):
         y, _ = mha(x, context, need_weights=need_weights)
@@ -162,13 +162,13 @@ def test_no_grad_path_sees_edits_through_data(edit):
 
 
 @given(B=st.integers(1, 3), L=st.integers(1, 6), S=st.integers(1, 6),
-       heads=st.sampled_from([(2, 2), (4, 2), (4, 1)]), causal=st.booleans(), cross=st.booleans(),
+       heads=st.sampled_from([(2, 2), (4, 2), (4, 1)]), is_causal=st.booleans(), cross=st.booleans(),
        mask_kind=st.sampled_from(["none", "bool", "float"]), use_kpm=st.booleans(), seed=st.integers(0, 2**16))
-def test_fused_path_equals_weights_path(B, L, S, heads, causal, cross, mask_kind, use_kpm, seed):
+def test_fused_path_equals_weights_path(B, L, S, heads, is_causal, cross, mask_kind, use_kpm, seed):
     gen = torch.Generator().manual_seed(seed)
     h, h_kv = heads
     torch.manual_seed(seed)
-    mha = MultiHeadAttention(8 * h, h, h_kv, is_causal=causal)
+    mha = MultiHeadAttention(8 * h, h, h_kv, is_causal=is_causal)
     x = torch.randn(B, L, 8 * h, generator=gen)
     context = torch.randn(B, S, 8 * h, generator=gen) if cross else None
     S = S if cross else L

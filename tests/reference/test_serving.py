@@ -71,15 +71,15 @@ def test_sink_cache_slots_and_bad_input():
 
 # ---------------------------------------------------------------- masks for packed sequences
 @settings(max_examples=30, deadline=None)
-@given(lengths=st.lists(st.integers(1, 6), min_size=1, max_size=5), causal=st.booleans())
-def test_document_mask_and_positions_match_a_loop(lengths, causal):
+@given(lengths=st.lists(st.integers(1, 6), min_size=1, max_size=5), is_causal=st.booleans())
+def test_document_mask_and_positions_match_a_loop(lengths, is_causal):
     ids = torch.cat([torch.full((n,), 7 * i) for i, n in enumerate(lengths)])
     T = len(ids)
-    mask = document_mask(ids, is_causal=causal)
-    want = torch.tensor([[ids[i] == ids[j] and (j <= i or not causal) for j in range(T)] for i in range(T)])
+    mask = document_mask(ids, is_causal=is_causal)
+    want = torch.tensor([[ids[i] == ids[j] and (j <= i or not is_causal) for j in range(T)] for i in range(T)])
     assert torch.equal(mask, want)
     assert document_positions(ids).tolist() == [p for n in lengths for p in range(n)]
-    batched = document_mask(torch.stack([ids, ids.flip(0)]), is_causal=causal)
+    batched = document_mask(torch.stack([ids, ids.flip(0)]), is_causal=is_causal)
     assert batched.shape == (2, T, T) and torch.equal(batched[0], mask)
 
 

@@ -71,10 +71,10 @@ def brute_bounds(q0, block_m, block_n, S, is_causal):
 
 
 @given(q0=st.integers(0, 100), block_m=st.sampled_from([16, 32, 64]), block_n=st.sampled_from([16, 32, 64]),
-       S=st.integers(1, 150), causal=st.booleans())
-def test_key_block_bounds_match_brute_force(q0, block_m, block_n, S, causal):
-    unmasked_end, end = ta.key_block_bounds(q0, block_m, block_n, S, causal)
-    want_unmasked, want_end = brute_bounds(q0, block_m, block_n, S, causal)
+       S=st.integers(1, 150), is_causal=st.booleans())
+def test_key_block_bounds_match_brute_force(q0, block_m, block_n, S, is_causal):
+    unmasked_end, end = ta.key_block_bounds(q0, block_m, block_n, S, is_causal)
+    want_unmasked, want_end = brute_bounds(q0, block_m, block_n, S, is_causal)
     assert unmasked_end == want_unmasked and unmasked_end % block_n == 0
     # end may stop inside a block (the mask drops keys >= S or past the last query): it must cover every needed key
     assert math.ceil(end / block_n) == math.ceil(want_end / block_n) and end >= want_end
@@ -134,48 +134,48 @@ def test_module_runs_under_the_interpreter_without_cuda():
 @FEW
 @given(B=st.integers(1, 2), H=st.integers(1, 2), L=st.integers(1, 70), S=st.integers(1, 70),
        D=st.sampled_from([16, 24, 32, 64]), block_m=st.sampled_from([16, 32]), block_n=st.sampled_from([16, 32]),
-       causal=st.booleans(), seed=st.integers(0, 2**16))
-def test_forward_equals_sdpa_and_lse(B, H, L, S, D, block_m, block_n, causal, seed):
+       is_causal=st.booleans(), seed=st.integers(0, 2**16))
+def test_forward_equals_sdpa_and_lse(B, H, L, S, D, block_m, block_n, is_causal, seed):
     q, k, v = qkv(B, H, L, S, D, seed=seed)
     scale = 1 / math.sqrt(D)
-    out, lse = ta.forward(q, k, v, is_causal=causal, block_m=block_m, block_n=block_n)
-    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, is_causal=causal), **FP32)
-    torch.testing.assert_close(lse, reference_lse(q, k, causal, scale).float(), **FP32)
+    out, lse = ta.forward(q, k, v, is_causal=is_causal, block_m=block_m, block_n=block_n)
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, is_causal=is_causal), **FP32)
+    torch.testing.assert_close(lse, reference_lse(q, k, is_causal, scale).float(), **FP32)
 
 
 @needs_triton
 @FEW
 @pytest.mark.parametrize("dq_method", ["recompute", "atomic"])
 @given(L=st.integers(1, 50), S=st.integers(1, 50), D=st.sampled_from([16, 24, 32, 40]),
-       block_m=st.sampled_from([16, 32]), block_n=st.sampled_from([16, 32]), causal=st.booleans(),
+       block_m=st.sampled_from([16, 32]), block_n=st.sampled_from([16, 32]), is_causal=st.booleans(),
        seed=st.integers(0, 2**16))
-def test_gradients_equal_autograd_through_sdpa(dq_method, L, S, D, block_m, block_n, causal, seed):
+def test_gradients_equal_autograd_through_sdpa(dq_method, L, S, D, block_m, block_n, is_causal, seed):
     """Through the autograd Function (dQ recomputed by its own kernel, the default under the interpreter), and
     through forward + backward with FlashAttention-2's atomic dQ (every key block adds its dS K into float32)."""
     q, k, v = qkv(1, 2, L, S, D, seed=seed)
     do = randn(1, 2, L, D, seed=seed + 1)
 
     def triton_fn(q, k, v):
-        return ta.FlashAttentionFunction.apply(q, k, v, causal, 1 / math.sqrt(D), (block_m, block_n))[0]
+        return ta.FlashAttentionFunction.apply(q, k, v, is_causal, 1 / math.sqrt(D), (block_m, block_n))[0]
 
     if dq_method == "recompute":
         got = grads(triton_fn, q, k, v, do)
     else:
-        out, lse = ta.forward(q, k, v, is_causal=causal, block_m=block_m, block_n=block_n)
-        got = (out, *ta.backward(q, k, v, out, lse, do, is_causal=causal, block_m=block_m, block_n=block_n,
+        out, lse = ta.forward(q, k, v, is_causal=is_causal, block_m=block_m, block_n=block_n)
+        got = (out, *ta.backward(q, k, v, out, lse, do, is_causal=is_causal, block_m=block_m, block_n=block_n,
                                  dq_method="atomic"))
-    want = grads(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal), q, k, v, do)
+    want = grads(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=is_causal), q, k, v, do)
     for name, g, w in zip(("out", "dq", "dk", "dv"), got, want):
         torch.testing.assert_close(g, w, **FP32, msg=lambda m, name=name: f"{name}: {m}")
 
 
 @needs_triton
-@pytest.mark.parametrize("causal", [False, True])
-def test_public_api_scale_and_lse(causal):
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_public_api_scale_and_lse(is_causal):
     q, k, v = qkv(2, 3, 40, 33, 32, seed=3)
-    out, lse = ta.flash_attention(q, k, v, is_causal=causal, scale=0.3, return_lse=True)
-    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=0.3), **FP32)
-    torch.testing.assert_close(lse, reference_lse(q, k, causal, 0.3).float(), **FP32)
+    out, lse = ta.flash_attention(q, k, v, is_causal=is_causal, scale=0.3, return_lse=True)
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=0.3), **FP32)
+    torch.testing.assert_close(lse, reference_lse(q, k, is_causal, 0.3).float(), **FP32)
     assert lse.dtype == torch.float32 and lse.shape == (2, 3, 40)
     assert isinstance(ta.flash_attention(q, k, v), torch.Tensor)
 
@@ -191,14 +191,14 @@ def test_head_dims_16_to_128_and_a_non_contiguous_input():
     torch.testing.assert_close(ta.flash_attention(q_t, k, v), F.scaled_dot_product_attention(q, k, v), **FP32)
 
 
-def assert_half_within_twice_sdpa(run, dtype, causal, *, L, S, D, seed, what=""):
+def assert_half_within_twice_sdpa(run, dtype, is_causal, *, L, S, D, seed, what=""):
     """``run(q, k, v, do) -> (out, dq, dk, dv)`` in bf16/fp16: each error against a float64 reference from the
     same rounded inputs within 2x torch SDPA's own error + eps."""
     q, k, v = qkv(1, 2, L, S, D, dtype=torch.float64, seed=seed)
     do = randn(1, 2, L, D, seed=seed + 1, dtype=torch.float64)
 
     def sdpa(q, k, v):
-        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
 
     exact = grads(sdpa, q, k, v, do)
     low = [t.to(dtype) for t in (q, k, v, do)]
@@ -212,30 +212,30 @@ def assert_half_within_twice_sdpa(run, dtype, causal, *, L, S, D, seed, what="")
 
 @needs_triton
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("causal", [False, True])
-def test_half_precision_error_is_within_twice_sdpas(dtype, causal):
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_half_precision_error_is_within_twice_sdpas(dtype, is_causal):
     """Output and gradients in bf16/fp16: error vs a float64 reference within 2x torch SDPA's own + eps."""
     def run(q, k, v, do):
-        return grads(lambda q, k, v: ta.flash_attention(q, k, v, is_causal=causal), q, k, v, do)
+        return grads(lambda q, k, v: ta.flash_attention(q, k, v, is_causal=is_causal), q, k, v, do)
 
-    assert_half_within_twice_sdpa(run, dtype, causal, L=45, S=37, D=32, seed=11)
+    assert_half_within_twice_sdpa(run, dtype, is_causal, L=45, S=37, D=32, seed=11)
 
 
 @needs_triton
 @pytest.mark.parametrize("tma, dq_method", [(False, "atomic"), (True, "recompute"), (True, "atomic")])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("causal", [False, True])
-def test_tma_and_atomic_dq_paths_are_as_exact_as_sdpa(tma, dq_method, dtype, causal):
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_tma_and_atomic_dq_paths_are_as_exact_as_sdpa(tma, dq_method, dtype, is_causal):
     """Issue 23 #4 and item 6: tiles fetched through tensor descriptors (TMA on Hopper, emulated by the
     interpreter: rows past L and S and columns past D arrive as zeros) and dQ added with atomics (5 matmuls a
     tile pair) give the pointer path's accuracy: within 2x torch SDPA's own error against float64 + eps.
     L = 45, S = 37 and D = 24 are not multiples of the blocks (16), so every edge of every descriptor is hit."""
     def run(q, k, v, do):
-        out, lse = ta.forward(q, k, v, is_causal=causal, block_m=16, block_n=16, tma=tma)
-        return (out, *ta.backward(q, k, v, out, lse, do, is_causal=causal, block_m=16, block_n=16,
+        out, lse = ta.forward(q, k, v, is_causal=is_causal, block_m=16, block_n=16, tma=tma)
+        return (out, *ta.backward(q, k, v, out, lse, do, is_causal=is_causal, block_m=16, block_n=16,
                                   dq_method=dq_method, tma=tma))
 
-    assert_half_within_twice_sdpa(run, dtype, causal, L=45, S=37, D=24, seed=21, what=f"tma={tma} {dq_method}")
+    assert_half_within_twice_sdpa(run, dtype, is_causal, L=45, S=37, D=24, seed=21, what=f"tma={tma} {dq_method}")
 
 
 @needs_triton
@@ -348,12 +348,12 @@ def test_bad_block_sizes_and_scale():
 # ----------------------------------------------------------------------------- tile classification, one for all
 
 @given(L=st.integers(1, 130), S=st.integers(1, 130), block_m=st.sampled_from([16, 32, 64]),
-       block_n=st.sampled_from([16, 32, 64]), causal=st.booleans())
-def test_loop_bounds_are_efficient_tile_kind(L, S, block_m, block_n, causal):
+       block_n=st.sampled_from([16, 32, 64]), is_causal=st.booleans())
+def test_loop_bounds_are_efficient_tile_kind(L, S, block_m, block_n, is_causal):
     """key_block_bounds (forward, dQ) and query_block_bounds (dK/dV) classify tiles as efficient.tile_kind
     does: FULL tiles (inside L and S) run unmasked, PARTIAL masked, SKIP never; the partial edges of L and S
     count as PARTIAL in a kernel (its unmasked loads need whole blocks)."""
-    below, above = (L + S, 0) if causal else (L + S, L + S)
+    below, above = (L + S, 0) if is_causal else (L + S, L + S)
 
     def kind(q0, k0):
         whole = q0 + block_m <= L and k0 + block_n <= S
@@ -361,7 +361,7 @@ def test_loop_bounds_are_efficient_tile_kind(L, S, block_m, block_n, causal):
         return efficient.PARTIAL if k == efficient.FULL and not whole else k
 
     for q0 in range(0, L, block_m):
-        unmasked_end, end = ta.key_block_bounds(q0, block_m, block_n, S, causal)
+        unmasked_end, end = ta.key_block_bounds(q0, block_m, block_n, S, is_causal)
         for k0 in range(0, S, block_n):
             want = kind(q0, k0)
             if k0 < unmasked_end:
@@ -371,15 +371,15 @@ def test_loop_bounds_are_efficient_tile_kind(L, S, block_m, block_n, causal):
             else:
                 assert want == efficient.SKIP
     for k0 in range(0, S, block_n):
-        start, diag_end, full_end = ta.query_block_bounds(k0, block_m, block_n, L, causal)
+        start, diag_end, full_end = ta.query_block_bounds(k0, block_m, block_n, L, is_causal)
         for q0 in range(0, L, block_m):
             want = kind(q0, k0)
             if q0 < start:
                 assert want == efficient.SKIP
             elif diag_end <= q0 < full_end:
                 assert want == efficient.FULL or (k0 + block_n > S and want == efficient.PARTIAL)
-            elif not causal and q0 < full_end:
-                raise AssertionError("non-causal: every full query block is unmasked")
+            elif not is_causal and q0 < full_end:
+                raise AssertionError("non-is_causal: every full query block is unmasked")
 
 
 # ----------------------------------------------------------------------------- the CUDA launch path, faked on a CPU
