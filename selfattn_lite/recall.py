@@ -27,7 +27,7 @@ from fractions import Fraction
 import torch
 from torch import Tensor
 
-from ._checks import check_ids, check_positive_int
+from ._checks import check_ids, check_positive_int, check_tensor
 
 __all__ = ["IGNORE_INDEX", "FILLER", "mqar", "key_range", "value_range", "query_distances", "NO_RECALL_STRATEGIES",
            "no_recall_floor", "no_recall_loss", "no_recall_scores", "query_retention"]
@@ -264,7 +264,10 @@ def no_recall_scores(inputs: Tensor, targets: Tensor, vocab_size: int) -> dict[s
 
     Taught in notebook 16, "The floor: what recalling nothing scores".
     """
-    if inputs.shape != targets.shape or inputs.dim() != 2:
+    check_positive_int("vocab_size", vocab_size)
+    inputs = check_ids("inputs", inputs, vocab_size, dim=2, layout="(B, T)", what="integer token ids")
+    targets = check_ids("targets", targets, dim=2, layout="(B, T)", what="integer token ids (or -100)")
+    if inputs.shape != targets.shape:
         raise ValueError(f"inputs {tuple(inputs.shape)} and targets {tuple(targets.shape)} must both be (B, T)")
     m = len(value_range(vocab_size))
     asked = targets != IGNORE_INDEX
@@ -279,7 +282,10 @@ def no_recall_scores(inputs: Tensor, targets: Tensor, vocab_size: int) -> dict[s
         remaining = dict(counts)
         for t in queries:                                            # in the order the row asks them
             target = targets[b, t].item()
-            c = counts.get(target, 0)
+            if target not in counts:
+                raise ValueError(f"targets ask at row {b}, position {t} for value {target}, which no pair of "
+                                 f"the row holds: inputs and targets must come from one mqar draw")
+            c = counts[target]
             scores["uniform_vocab"][b, t] = 1 / vocab_size
             scores["uniform_values"][b, t] = 1 / m
             scores["seen_distinct"][b, t] = (target in counts) / len(counts)
@@ -288,9 +294,10 @@ def no_recall_scores(inputs: Tensor, targets: Tensor, vocab_size: int) -> dict[s
             top = max(remaining.values())
             tied = [value for value, x in remaining.items() if x == top]
             scores["strike_asked"][b, t] = (target in tied) / len(tied)
-            remaining[target] -= 1                                   # this pair is asked now: gone
-            if remaining[target] == 0:
-                del remaining[target]
+            if target in remaining:                                  # this pair is asked now: gone
+                remaining[target] -= 1
+                if remaining[target] == 0:
+                    del remaining[target]
     return scores
 
 
@@ -309,6 +316,8 @@ def query_retention(log_decay: Tensor, inputs: Tensor, targets: Tensor) -> Tenso
 
     Taught in notebook 16, "How far back a decaying state reaches".
     """
+    inputs = check_ids("inputs", inputs, dim=2, layout="(B, T)", what="integer token ids")
+    check_tensor("log_decay", log_decay, floating=True)
     if log_decay.dim() != 3 or log_decay.shape[0] != inputs.shape[0] or log_decay.shape[-1] != inputs.shape[-1]:
         raise ValueError(f"log_decay {tuple(log_decay.shape)} must be (B, c, T) with (B, T) = "
                          f"{tuple(inputs.shape)} of inputs")

@@ -144,7 +144,7 @@ def activation_values_per_token(*, d_model: int, n_heads: int, n_kv_heads: int |
     """
     for name, n in (("d_model", d_model), ("n_heads", n_heads), ("ffn_dim", ffn_dim)):
         check_positive_int(name, n)
-    n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+    n_kv_heads = n_heads if n_kv_heads is None else check_positive_int("n_kv_heads", n_kv_heads)
     d_kv = d_model * n_kv_heads // n_heads
     return 6 * d_model + 2 * d_kv + 4 * ffn_dim
 

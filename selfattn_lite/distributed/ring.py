@@ -83,6 +83,21 @@ def block_attention_backward(q: Tensor, k: Tensor, v: Tensor, lse: Tensor, delta
 
     Taught in notebook 14, "Run it for real" (used in its exercise 5, the ring's backward in one process).
     """
+    check_qkv(q, k, v, enable_gqa=None, names=("q", "k", "v"))
+    scale = check_real("scale", scale)
+    for name, t in (("lse", lse), ("delta", delta)):
+        check_tensor(name, t, floating=True)
+        check_shape(name, t, q.shape[:-1], layout="(..., Lq)", against=f"q {shape_str(q)}")
+    check_tensor("grad_out", grad_out, floating=True)
+    check_shape("grad_out", grad_out, (*q.shape[:-1], v.shape[-1]), layout="(..., Lq, Ev)",
+                against=f"q {shape_str(q)}, v {shape_str(v)}")
+    check_same_dtype(q=q, k=k, v=v, lse=lse, delta=delta, grad_out=grad_out)
+    if mask is not None:
+        check_tensor("mask", mask)
+        if mask.dtype != torch.bool:
+            raise ValueError(f"mask must be bool (True = may attend), got dtype {mask.dtype}")
+        check_shape("mask", mask, (q.shape[-2], k.shape[-2]), layout="(Lq, Lk)",
+                    against=f"q {shape_str(q)}, k {shape_str(k)}")
     s = (q @ k.transpose(-2, -1)) * scale                                # (..., Lq, Lk)
     if mask is not None:
         s = s.masked_fill(~mask, float("-inf"))

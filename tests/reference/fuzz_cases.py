@@ -343,7 +343,12 @@ def cases() -> dict[str, Case]:
         # ------------------------------------------------------------------ mla
         "mla.mla_cache_bytes": C(lambda: (mla.mla_cache_bytes, [60, 512, 64], dict(n_tokens=2, batch=1))),
         "mla.mla_decode_bytes": C(lambda: (mla.mla_decode_bytes, [100], dict(
-            n_heads=4, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8, absorbed=False))),
+            d_model=32, n_heads=4, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8,
+            form="naive"))),
+        "mla.mla_weight_values": C(lambda: (mla.mla_weight_values, [], dict(
+            d_model=32, n_heads=4, kv_lora_rank=16, qk_nope_head_dim=8, v_head_dim=8, form="folded"))),
+        "mla.mla_decode_flops": C(lambda: (mla.mla_decode_flops, [1, 100], dict(
+            d_model=32, n_heads=4, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8))),
         "mla.MLACache": C(lambda: (mla.MLACache, [1, 4, 4, 2], {})),
         "mla.MLACache.update": C(lambda: (mla.MLACache(1, 4, 4, 2).update, [R(1, 2, 4), R(1, 2, 2, seed=1)], {})),
         "mla.MultiHeadLatentAttention": C(lambda: (mla.MultiHeadLatentAttention, [8, 2], dict(
@@ -353,8 +358,7 @@ def cases() -> dict[str, Case]:
         "mla.MultiHeadLatentAttention.queries": C(lambda: (mla_layer().queries, [R(1, 3, 8), torch.arange(3)], {})),
         "mla.MultiHeadLatentAttention.latents": C(lambda: (mla_layer().latents, [R(1, 3, 8), torch.arange(3)], {})),
         "mla.MultiHeadLatentAttention.up_projections": C(lambda: (mla_layer().up_projections, [], {})),
-        "mla.MultiHeadLatentAttention.absorbed_weights": C(lambda: (mla_layer().absorbed_weights, [], {})),
-        "mla.MultiHeadLatentAttention.refold": C(lambda: (mla_layer().refold, [], {})),
+        "mla.MultiHeadLatentAttention.fold_output": C(lambda: (mla_layer().fold_output, [], {})),
         "mla.MultiHeadLatentAttention.extra_repr": C(lambda: (mla_layer().extra_repr, [], {})),
         # ------------------------------------------------------------------ flex
         "flex.causal_mod": C(lambda: (flex.causal_mod, [0, 0, torch.tensor(2), torch.tensor(1)], {}),
@@ -385,6 +389,11 @@ def cases() -> dict[str, Case]:
         "recall.mqar": C(lambda: (recall.mqar, [2, 16, 3, 16], dict(generator=torch.Generator().manual_seed(0)))),
         "recall.key_range": C(lambda: (recall.key_range, [16], {})),
         "recall.value_range": C(lambda: (recall.value_range, [16], {})),
+        "recall.no_recall_floor": C(lambda: (recall.no_recall_floor, [4, 64], {})),
+        "recall.no_recall_loss": C(lambda: (recall.no_recall_loss, [4, 64], {})),
+        "recall.no_recall_scores": C(lambda: (recall.no_recall_scores, [*recall.mqar(2, 16, 3, 16), 16], {})),
+        "recall.query_retention": C(lambda: (recall.query_retention, [-torch.rand(2, 3, 16), *recall.mqar(2, 16, 3, 16)],
+                                             {})),
         "recall.query_distances": C(lambda: (recall.query_distances, [*recall.mqar(2, 16, 3, 16)], {})),
         "recall_models.RecallConfig": C(lambda: (recall_models.RecallConfig, ["delta", 16, 8, 2, 4, 4, 16], {})),
         "recall_models.RecallModel": C(lambda: (recall_models.RecallModel, [recall_model().config], {})),
@@ -466,6 +475,9 @@ def cases() -> dict[str, Case]:
                                                                               "test", None], {})),
         "distributed.comm.check_floats": C(lambda: (comm.check_floats, [q4, k4, v4, "test"], {})),
         "distributed.ring.block_attention": C(lambda: (ring.block_attention, [q4, k4, v4], dict(scale=0.5))),
+        "distributed.ring.block_attention_backward": C(lambda: (ring.block_attention_backward,
+                                                                [q4, k4, v4, R(1, 2, 5), R(1, 2, 5, seed=2), R(1, 2, 5, 3, seed=3)],
+                                                                dict(scale=0.5))),
         "distributed.ring.merge_partials": C(lambda: (ring.merge_partials,
                                                       [*ring.block_attention(q4, k4, v4, scale=0.5),
                                                        *ring.block_attention(q4, R(1, 2, 3, 4), R(1, 2, 3, 3),
@@ -483,7 +495,10 @@ def cases() -> dict[str, Case]:
         "distributed.cost.causal_work": C(lambda: (cost.causal_work, [16, 2], dict(layout="zigzag"))),
         "distributed.cost.ring_schedule": C(lambda: (cost.ring_schedule, [3], {})),
         "distributed.cost.max_sequence_length": C(lambda: (cost.max_sequence_length, [8, 80.0],
-                                                           dict(d_model=4096, n_layers=32, n_heads=32))),
+                                                           dict(d_model=4096, n_layers=32, n_heads=32, ffn_dim=14336))),
+        "distributed.cost.activation_values_per_token": C(lambda: (cost.activation_values_per_token, [],
+                                                                   dict(d_model=4096, n_heads=32, n_kv_heads=8,
+                                                                        ffn_dim=14336))),
         "distributed.launch.device": C(lambda: (launch.device, [], {})),
         "distributed.launch.choose_backend": C(lambda: (launch.choose_backend, [2], {})),
         "distributed.launch.free_port": C(lambda: (launch.free_port, [], {})),

@@ -178,8 +178,8 @@ def test_the_enable_gqa_hint_only_where_head_counts_differ():
 # ------------------------------------------------------------------------------------------- cost formulas
 def test_a_string_for_a_number_is_refused_in_the_cost_formulas():
     with pytest.raises(ValueError, match="bytes_per_value must be a number > 0, got '2'"):
-        mla.mla_decode_bytes(100, n_heads=4, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4,
-                             v_head_dim=8, absorbed=True, bytes_per_value="2")          # was 222222
+        mla.mla_decode_bytes(100, d_model=32, n_heads=4, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4,
+                             v_head_dim=8, form="absorbed", bytes_per_value="2")          # was 222222
     with pytest.raises(ValueError, match="bytes_per_value must be a number > 0, got '2'"):
         presets.get_preset("llama-2-7b").weight_bytes("2")                            # was a huge string
     assert presets.get_preset("llama-2-7b").weight_bytes(np.float32(2)) == 2 * 6_738_415_616

@@ -315,7 +315,7 @@ def test_a_removed_number_check_is_reported_as_silent(monkeypatch):
     monkeypatch.setattr(mla, "check_real", lambda name, x, **kw: x)
     case = cases()["mla.mla_decode_bytes"]
     make = case.make
-    case.make = lambda: (make()[0], make()[1], {**make()[2], "absorbed": True, "bytes_per_value": 2})
+    case.make = lambda: (make()[0], make()[1], {**make()[2], "form": "absorbed", "bytes_per_value": 2})
     outcomes = fuzz("mla.mla_decode_bytes", case)
     assert any(o.kind == "silent" and o.mutation == "bytes_per_value:str" for o in outcomes)
 
