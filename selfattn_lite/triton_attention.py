@@ -70,6 +70,17 @@ __all__ = [
     "hbm_bytes",
     "program_work",
     "tma_supported",
+    "GPU_LIMITS",
+    "gpu_limits",
+    "device_limits",
+    "matmul_instruction",
+    "expected_instruction",
+    "precision_for",
+    "tma_for",
+    "smem_estimate",
+    "config_fits",
+    "kept_configs",
+    "dq_methods_for",
     "tma_by_default",
     "dq_method_timings",
     "forward",
@@ -92,22 +103,28 @@ MAX_HEAD_ELEMENTS = 2**31              # one head's L * D (and S * D): row offse
 # (BLOCK_N) and streams query blocks; dQ is the reverse. Every configuration each architecture keeps is compiled
 # for it on every commit (``course.arch_compile``, tests/course/test_arch_compile.py): no spills on tensor cores.
 # ``paths``: the matmul paths a configuration is for (``matmul_instruction``), each with the largest head dim it
-# takes there. Hopper's wgmma reads its operands from shared memory and takes large tiles and more stages;
-# mma.sync (sm_80 to sm_89) holds operand fragments in registers, so at d = 128 the larger tiles spill there; the
-# FMA path (below sm_80) gets one small tile per kernel and one stage (sm_75 has no asynchronous copies to
-# pipeline; a larger FMA tile spills more and keeps ptxas busy for minutes). The atomic dK/dV has no FMA
-# configuration: below sm_80 (and where nothing else fits) the backward recomputes dQ (``dq_methods_for``).
+# takes there in bfloat16/float16; ``fp32_paths`` the same for float32 where it differs (TF32 operands are twice as
+# wide, so tiles that fit the registers in 16 bits spill in 32). Hopper's wgmma reads its operands from shared
+# memory and takes large tiles and more stages; mma.sync (sm_80 to sm_89) holds operand fragments in registers,
+# so at d = 128 the larger tiles spill there; the FMA path (below sm_80) gets one small tile per kernel and one
+# stage (sm_75 has no asynchronous copies to pipeline; a larger FMA tile spills more and keeps ptxas busy for
+# minutes). The atomic dK/dV has no FMA configuration: below sm_80 (and where nothing else fits) the backward
+# recomputes dQ (``dq_methods_for``).
 FWD_CONFIGS = [
-    dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3, paths={"wgmma": 128, "mma.sync": 128}),
+    dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3, paths={"wgmma": 128, "mma.sync": 64}),
     dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=2, paths={"wgmma": 128}),
     dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3, paths={"wgmma": 128, "mma.sync": 64}),
     dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=2, paths={"wgmma": 128, "mma.sync": 128}),
     dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1, paths={"fma": 128}),
 ]
 DKDV_CONFIGS = [                       # (64, 128) spills at d = 128 (Triton 3.9: 104 B of stack)
-    dict(BLOCK_M=32, BLOCK_N=128, num_warps=8, num_stages=3, paths={"wgmma": 128, "mma.sync": 64}),
-    dict(BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=3, paths={"wgmma": 128, "mma.sync": 64}),
-    dict(BLOCK_M=16, BLOCK_N=64, num_warps=4, num_stages=2, paths={"mma.sync": 128}),
+    dict(BLOCK_M=32, BLOCK_N=128, num_warps=8, num_stages=3, paths={"wgmma": 128, "mma.sync": 64},
+         fp32_paths={"wgmma": 128}),
+    dict(BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=3, paths={"wgmma": 128, "mma.sync": 64},
+         fp32_paths={"wgmma": 64, "mma.sync": 64}),
+    dict(BLOCK_M=16, BLOCK_N=64, num_warps=4, num_stages=2, paths={"mma.sync": 128}, fp32_paths={"mma.sync": 64}),
+    dict(BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=2, paths={}, fp32_paths={"mma.sync": 128, "wgmma": 128},
+         hopper_mma=True),       # float32 at d = 128 on sm_90: every wgmma tile spills there; this one runs mma.sync
     dict(BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1, paths={"fma": 128}),
 ]
 DQ_CONFIGS = [
@@ -118,8 +135,8 @@ DQ_CONFIGS = [
     dict(BLOCK_M=32, BLOCK_N=16, num_warps=4, num_stages=1, paths={"fma": 128}),
 ]
 ATOMIC_CONFIGS = [                     # dK/dV with ATOMIC_DQ: on wgmma BLOCK_M >= 64 (at 32, 8 warps, the dQ product
-    dict(BLOCK_M=64, BLOCK_N=64, num_warps=8, num_stages=2, paths={"wgmma": 128}),  # falls back to mma.sync);
-    dict(BLOCK_M=64, BLOCK_N=64, num_warps=8, num_stages=3, paths={"wgmma": 128}),  # (64, 128) spills at d = 128
+    dict(BLOCK_M=64, BLOCK_N=64, num_warps=8, num_stages=2, paths={"wgmma": 128}, fp32_paths={}),  # falls back to
+    dict(BLOCK_M=64, BLOCK_N=64, num_warps=8, num_stages=3, paths={"wgmma": 128}, fp32_paths={}),  # mma.sync)
     dict(BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=2, paths={"mma.sync": 64}),
 ]
 DQ_METHODS = ("recompute", "atomic")   # dQ by a second kernel (7 matmuls a tile pair) or by atomics (5)
@@ -244,9 +261,10 @@ def smem_estimate(kernel: str, config: dict, dtype: torch.dtype, D: int, *, atom
 
     - "wgmma" (sm_90): the kept tiles once and the streamed tiles once per pipeline stage (``num_stages``), in the
       input dtype; with atomic dQ also a float32 (BLOCK_M, BLOCK_D) tile, converted before the atomic additions;
-    - "mma.sync" (sm_80 to sm_89): the same with num_stages - 1 buffers of the streamed tiles (at least one);
-    - "fma" (below sm_80): the operands of ``tl.dot`` become float32 and pass through shared memory on their way
-      to the CUDA cores: the kept tiles, and one streamed tile at a time.
+    - "mma.sync" (sm_80 to sm_89): the same with num_stages - 1 buffers of the streamed tiles (at least one), and
+      in float32 (TF32) two float32 (BLOCK_M, BLOCK_N) tiles more (P and dS pass through shared memory there);
+    - "fma" (below sm_80): the operands of ``tl.dot`` are float32 and pass through shared memory on their way to
+      the CUDA cores: the kept and the streamed tiles, in float32.
 
     ``course.arch_compile`` checks every estimate against what the compiler allocates.
 
@@ -258,10 +276,12 @@ def smem_estimate(kernel: str, config: dict, dtype: torch.dtype, D: int, *, atom
     (fm, fn), (sm, sn) = _SMEM_TILES[kernel]
     fixed, streamed = fm * bm + fn * bn, sm * bm + sn * bn          # rows of BLOCK_D elements
     if instruction == "fma":
-        return 4 * bd * (fixed + max(bm if sm else 0, bn if sn else 0)) + SMEM_SLACK
+        return 4 * bd * (fixed + streamed) + SMEM_SLACK
     e = torch.empty((), dtype=dtype).element_size()
     buffers = config["num_stages"] if instruction == "wgmma" else max(config["num_stages"] - 1, 1)
-    return e * bd * (fixed + buffers * streamed) + (4 * bm * bd if atomic else 0) + SMEM_SLACK
+    tf32 = 2 * 4 * bm * bn if instruction == "mma.sync" and e == 4 else 0
+    rows = 2 * 4 * bm * buffers if kernel == "attn_bwd_dkdv_kernel" else 0       # lse and delta, float32, per stage
+    return e * bd * (fixed + buffers * streamed) + (4 * bm * bd if atomic else 0) + tf32 + rows + SMEM_SLACK
 
 
 def _min_dot_rows(kernel: str, config: dict, atomic: bool) -> int:
@@ -285,7 +305,8 @@ def config_fits(kernel: str, config: dict, limits: dict, dtype: torch.dtype, D: 
 
     Taught in notebook 15, "On a GPU".
     """
-    if D > config.get("paths", {}).get(matmul_instruction(limits), 0):
+    paths = config.get("fp32_paths", config.get("paths", {})) if dtype == torch.float32 else config.get("paths", {})
+    if D > paths.get(matmul_instruction(limits), 0):
         return False
     threads = 32 * config["num_warps"]
     if threads > limits["threads_per_block"] or threads * limits["regs_per_thread"] > limits["regs_per_sm"]:
@@ -293,7 +314,16 @@ def config_fits(kernel: str, config: dict, limits: dict, dtype: torch.dtype, D: 
     instruction = matmul_instruction(limits)
     if smem_estimate(kernel, config, dtype, D, atomic=atomic, instruction=instruction) > limits["smem_per_block"]:
         return False
-    return instruction != "wgmma" or _min_dot_rows(kernel, config, atomic) >= 64
+    return instruction != "wgmma" or _min_dot_rows(kernel, config, atomic) >= 64 or config.get("hopper_mma", False)
+
+
+def expected_instruction(kernel: str, config: dict, limits: dict, *, atomic: bool = False) -> str:
+    """The matmul instruction a kept configuration compiles to on that GPU: ``matmul_instruction``, except on
+    sm_90 for a configuration whose smallest matmul has fewer than 64 rows (``hopper_mma``), which runs mma.sync."""
+    instruction = matmul_instruction(limits)
+    if instruction == "wgmma" and _min_dot_rows(kernel, config, atomic) < 64:
+        return "mma.sync"
+    return instruction
 
 
 def kept_configs(kernel: str, limits: dict, dtype: torch.dtype, D: int, *, atomic: bool = False) -> list[dict]:

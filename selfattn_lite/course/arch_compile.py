@@ -180,7 +180,8 @@ def check(record: dict) -> list[str]:
     """What a launch of this compiled kernel on its GPU would refuse or run differently, as sentences (none:
     it fits). Registers x threads within the SM's register file and <= 255 a thread; shared memory within the
     GPU's opt-in limit per block and within the pruning's estimate; no spill where the GPU has tensor cores
-    for the dtype; the matmul instruction expected there (wgmma on sm_90, mma.sync on sm_80-89, fma below)."""
+    for the dtype; the matmul instruction expected there (``expected_instruction``: wgmma on sm_90, mma.sync on
+    sm_80-89 and for sm_90's one float32 fallback tile, fma below)."""
     from .. import triton_attention as ta
 
     limits = ta.GPU_LIMITS[record["arch"]]
@@ -196,7 +197,7 @@ def check(record: dict) -> list[str]:
                         f"{record['smem_estimate']} B")
     if record["kernel"] == "attn_bwd_preprocess_kernel":
         return problems
-    want = ta.matmul_instruction(limits)
+    want = ta.expected_instruction(record["kernel"], record["config"], limits, atomic=bool(record["atomic_dq"]))
     if limits["tensor_cores"] and (record["stack"] or record["local"]):
         problems.append(f"spills: stack {record['stack']} B, local {record['local']} B")
     found = {"wgmma": record["wgmma"] > 0, "mma.sync": record["mma_sync"] > 0,
@@ -230,8 +231,8 @@ def _summary(cc: int, records: list[dict]) -> str:
     return (f"sm_{cc} ({ta.GPU_LIMITS[cc]['name']}): {len(records)} compiles, {len(groups(records))} "
             f"(kernel, dtype, D, causal) groups, max shared memory {max(r['shared_bytes'] for r in records)} B "
             f"of {ta.GPU_LIMITS[cc]['smem_per_block']}, max registers {max(r['registers'] for r in records)}, "
-            f"matmuls {ta.matmul_instruction(ta.GPU_LIMITS[cc])} in {sum(not check(r) for r in tiles)} of "
-            f"{len(tiles)}, {len(bad)} over a limit")
+            f"matmuls {ta.matmul_instruction(ta.GPU_LIMITS[cc])} ({sum(r['mma_sync'] > 0 for r in tiles)} of "
+            f"{len(tiles)} on mma.sync), {len(bad)} over a limit")
 
 
 def main(argv: list[str] | None = None, *, default_out: str = "figures/gpu") -> None:
