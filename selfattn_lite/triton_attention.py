@@ -233,14 +233,20 @@ def matmul_instruction(limits: dict) -> str:
 
 def precision_for(limits: dict, dtype: torch.dtype) -> str:
     """``tl.dot``'s input precision for float32 on that GPU: "tf32" (10-bit mantissa products on the tensor cores)
-    from sm_80, where TF32 exists; "ieee" (exact float32 products, FMA) below. bf16/fp16 ignore it."""
+    from sm_80, where TF32 exists; "ieee" (exact float32 products, FMA) below. bf16/fp16 ignore it.
+
+    Taught in notebook 15, "On a GPU".
+    """
     del dtype
     return "tf32" if _cc(limits) >= 80 else "ieee"
 
 
 def tma_for(limits: dict, dtype: torch.dtype, D: int) -> bool:
     """Whether a launch on that GPU fetches tiles through tensor descriptors (the Tensor Memory Accelerator):
-    sm_90 or later, bfloat16/float16, rows of a multiple of 16 bytes (D a multiple of 8)."""
+    sm_90 or later, bfloat16/float16, rows of a multiple of 16 bytes (D a multiple of 8).
+
+    Taught in notebook 15, "On a GPU".
+    """
     return _cc(limits) >= 90 and dtype in (torch.bfloat16, torch.float16) and (D * 2) % 16 == 0
 
 
@@ -319,7 +325,10 @@ def config_fits(kernel: str, config: dict, limits: dict, dtype: torch.dtype, D: 
 
 def expected_instruction(kernel: str, config: dict, limits: dict, *, atomic: bool = False) -> str:
     """The matmul instruction a kept configuration compiles to on that GPU: ``matmul_instruction``, except on
-    sm_90 for a configuration whose smallest matmul has fewer than 64 rows (``hopper_mma``), which runs mma.sync."""
+    sm_90 for a configuration whose smallest matmul has fewer than 64 rows (``hopper_mma``), which runs mma.sync.
+
+    Taught in notebook 15, "On a GPU".
+    """
     instruction = matmul_instruction(limits)
     if instruction == "wgmma" and _min_dot_rows(kernel, config, atomic) < 64:
         return "mma.sync"
@@ -338,7 +347,10 @@ def kept_configs(kernel: str, limits: dict, dtype: torch.dtype, D: int, *, atomi
 
 def dq_methods_for(limits: dict, dtype: torch.dtype, D: int) -> tuple[str, ...]:
     """The dQ methods (``DQ_METHODS``) with at least one configuration that fits that GPU: "recompute" needs the
-    dK/dV and dQ kernels, "atomic" the dK/dV kernel with atomic dQ. When one does not fit, the other is used."""
+    dK/dV and dQ kernels, "atomic" the dK/dV kernel with atomic dQ. When one does not fit, the other is used.
+
+    Taught in notebook 15, "On a GPU".
+    """
     fits = dict(recompute=bool(kept_configs("attn_bwd_dkdv_kernel", limits, dtype, D) and
                                kept_configs("attn_bwd_dq_kernel", limits, dtype, D)),
                 atomic=bool(kept_configs("attn_bwd_dkdv_kernel", limits, dtype, D, atomic=True)))

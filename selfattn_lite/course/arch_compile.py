@@ -33,7 +33,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-__all__ = ["ARCHS", "DTYPES", "HEAD_DIMS", "dtypes_for", "cases", "compile_case", "compile_all", "check",
+__all__ = ["ARCHS", "DTYPES", "HEAD_DIMS", "dtypes_for", "cases", "compile_case", "resources", "compile_all", "check",
            "groups", "main"]
 
 ARCHS = (75, 80, 86, 89, 90)
@@ -145,10 +145,10 @@ def compile_case(case: dict) -> dict:
                               target=GPUTarget("cuda", cc, 32),
                               options=dict(num_warps=config["num_warps"], num_stages=config["num_stages"]))
     seconds = time.perf_counter() - start
-    return dict(case, **_resources(compiled), seconds=round(seconds, 1), triton=triton.__version__)
+    return dict(case, **resources(compiled), seconds=round(seconds, 1), triton=triton.__version__)
 
 
-def _resources(compiled) -> dict:
+def resources(compiled) -> dict:
     """What one compiled kernel asks of the GPU, read off its cubin (cuobjdump) and its PTX and TTIR."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(compiled.asm["cubin"])

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from . import arch_compile
-from .arch_compile import _resources
+from .arch_compile import resources
 
 __all__ = ["SMEM_LIMIT", "jit_dry_run", "main"]
 
@@ -39,7 +39,7 @@ def jit_dry_run(head_dims=HEAD_DIMS, *, B: int = 4, H: int = 16, N: int = 4096, 
     CUDA driver, the kernels' run) or any speed.
 
     Returns:
-        one dict per compiled kernel: name, signature, constexprs, num_warps, num_stages, and ``_resources``.
+        one dict per compiled kernel: name, signature, constexprs, num_warps, num_stages, and ``resources``.
     """
     os.environ["TRITON_INTERPRET"] = "0"
     import torch
@@ -64,7 +64,7 @@ def jit_dry_run(head_dims=HEAD_DIMS, *, B: int = 4, H: int = 16, N: int = 4096, 
                 constexprs[params[index] if isinstance(index, int) else str(index)] = value
         results.append(dict(kernel=name, signature=dict(kernel.src.signature), constexprs=constexprs,
                             num_warps=kernel.metadata.num_warps, num_stages=kernel.metadata.num_stages,
-                            **_resources(kernel), triton=triton.__version__))
+                            **resources(kernel), triton=triton.__version__))
     return results
 
 

@@ -40,7 +40,7 @@ def test_sm90_compile_is_the_sm90_part_of_the_matrix(compiled):
     assert len(compiled) == len(arch_compile.cases([90])) and {r["arch"] for r in compiled} == {90}
     for r in compiled:
         assert arch_compile.check(r) == [], r
-        if r["kernel"] != "attn_bwd_preprocess_kernel":
+        if r["kernel"] != "attn_bwd_preprocess_kernel" and r["dtype"] != "fp32":   # bf16/fp16: wgmma throughout
             assert r["wgmma"] > 0 and r["mma_sync"] == 0, r
 
 
