@@ -3,7 +3,7 @@
 Taught in notebook 15. ``flash_attention(q, k, v, *, is_causal=False, scale=None, return_lse=False)``
 computes softmax(Q K^T * scale + M) V on (B, H, L, D) tensors, like ``efficient.flash_attention`` and
 torch's ``scaled_dot_product_attention``, with a FlashAttention-2 forward kernel and a backward pass
-(D = rowsum(dO * O), then dK/dV and dQ from the saved log-sum-exp) wrapped in a
+(delta = rowsum(dO * O), then dK/dV and dQ from the saved log-sum-exp) wrapped in a
 ``torch.autograd.Function``. The kernels themselves live in ``selfattn_lite.triton_kernels``.
 
 **Interpreter or GPU: decided once, by the package.** Without CUDA, ``selfattn_lite/__init__`` sets
@@ -14,15 +14,21 @@ exact, and slow (it checks correctness; it says nothing about speed). Where Trit
 ``available()`` is False and ``flash_attention`` raises an ImportError saying so; the pure-Python
 helpers below (loop bounds, grid, traffic formulas) work everywhere.
 
-**On CUDA** each kernel is wrapped in ``@triton.autotune`` with its own launch configurations
+**On CUDA** each kernel is wrapped in ``@triton.autotune`` with its own table of launch configurations
 (``FWD_CONFIGS``, ``DKDV_CONFIGS``, ``ATOMIC_CONFIGS``, ``DQ_CONFIGS``), keyed on (B*H, L, S, D,
-is_causal) and the dtype; a forward-only call tunes only the forward. In bfloat16/float16 on a Hopper
-GPU (capability 9+) the tiles come through tensor descriptors (TMA, ``tma_by_default``); the backward's
-dQ comes from a second kernel or from atomic additions, whichever its first call at a size times faster
-(``dq_method_timings``). float32 inputs use TF32 tensor-core products
-(``input_precision="tf32"``, 10-bit mantissa, as torch does with ``allow_tf32``): an exact float32
-dot would run without tensor cores and compile for minutes. ``compile_only`` makes the same calls on
-CPU tensors compile for a GPU that is not there and launch nothing. Timing and the benchmark live in the
+is_causal) and the dtype, and pruned before tuning to those that fit the GPU it runs on (``kept_configs``:
+shared memory per block, threads and registers, from ``torch.cuda.get_device_properties``; ``GPU_LIMITS``
+for the T4, A100, RTX 30/40 and L4, H100/H200); a forward-only call tunes only the forward. In
+bfloat16/float16 on a Hopper GPU (capability 9+) the tiles come through tensor descriptors (the Tensor
+Memory Accelerator, TMA, ``tma_by_default``); the backward's dQ comes from a second kernel or from atomic
+additions, whichever its first call at a size times faster among those that fit (``dq_method_timings``,
+``dq_methods_for``). Matmuls (``matmul_instruction``): ``wgmma`` on sm_90, ``mma.sync`` on sm_80 to sm_89,
+and below sm_80 (a T4) Triton's FMA path on the CUDA cores: no tensor cores there. float32 inputs use TF32
+tensor-core products from sm_80 (``input_precision="tf32"``, 10-bit mantissa, what torch does only when
+``torch.backends.cuda.matmul.allow_tf32`` is set, off by default): an exact float32 dot would run without
+tensor cores and compile for minutes; below sm_80 they are float32 products (``precision_for``).
+``compile_only`` makes the same calls on CPU tensors compile for a GPU that is not there and launch
+nothing. Timing and the benchmark live in the
 course machinery (``selfattn_lite.course.triton_bench``).
 """
 
@@ -64,6 +70,17 @@ __all__ = [
     "hbm_bytes",
     "program_work",
     "tma_supported",
+    "GPU_LIMITS",
+    "gpu_limits",
+    "device_limits",
+    "matmul_instruction",
+    "expected_instruction",
+    "precision_for",
+    "tma_for",
+    "smem_estimate",
+    "config_fits",
+    "kept_configs",
+    "dq_methods_for",
     "tma_by_default",
     "dq_method_timings",
     "forward",
@@ -79,30 +96,51 @@ MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 128
 CPU_BLOCKS = (32, 32)                  # under the interpreter: small tiles, few rows of padding at small L
 MAX_HEAD_ELEMENTS = 2**31              # one head's L * D (and S * D): row offsets inside a head are int32
 
-# Launch configurations for @triton.autotune on CUDA (never used by the interpreter), one list per
-# kernel. Every one is compiled for the H100/H200 (sm_90) on every commit by tests/course/test_triton_sm90.py,
-# at d = 64 and 128 in bf16 and fp16: it compiles, its matmuls are Hopper's wgmma, it spills no
-# register, it fits the 227 KB of shared memory. The forward keeps BLOCK_M queries and streams keys;
-# dK/dV keeps a large key block (BLOCK_N) and streams query blocks; dQ is the reverse.
+# Launch configurations for @triton.autotune on CUDA (never used by the interpreter), one table per kernel,
+# pruned before tuning by the GPU's own limits (``kept_configs``, the autotuner's ``early_config_prune``):
+# the matmul path each configuration is for (``paths``, see ``matmul_instruction``), shared memory per block,
+# threads and registers. The forward keeps BLOCK_M queries and streams keys; dK/dV keeps a large key block
+# (BLOCK_N) and streams query blocks; dQ is the reverse. Every configuration each architecture keeps is compiled
+# for it on every commit (``course.arch_compile``, tests/course/test_arch_compile.py): no spills on tensor cores.
+# ``paths``: the matmul paths a configuration is for (``matmul_instruction``), each with the largest head dim it
+# takes there in bfloat16/float16; ``fp32_paths`` the same for float32 where it differs (TF32 operands are twice as
+# wide, so tiles that fit the registers in 16 bits spill in 32). Hopper's wgmma reads its operands from shared
+# memory and takes large tiles and more stages; mma.sync (sm_80 to sm_89) holds operand fragments in registers,
+# so at d = 128 the larger tiles spill there; the FMA path (below sm_80) gets one small tile per kernel and one
+# stage (sm_75 has no asynchronous copies to pipeline; a larger FMA tile spills more and keeps ptxas busy for
+# minutes). The atomic dK/dV has no FMA configuration: below sm_80 (and where nothing else fits) the backward
+# recomputes dQ (``dq_methods_for``).
 FWD_CONFIGS = [
-    dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),
-    dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=2),
-    dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
+    dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3, paths={"wgmma": 128, "mma.sync": 64}),
+    dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=2, paths={"wgmma": 128}),
+    dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3, paths={"wgmma": 128, "mma.sync": 64}),
+    dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=2, paths={"wgmma": 128, "mma.sync": 128}),
+    dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1, paths={"fma": 128}),
 ]
 DKDV_CONFIGS = [                       # (64, 128) spills at d = 128 (Triton 3.9: 104 B of stack)
-    dict(BLOCK_M=32, BLOCK_N=128, num_warps=8, num_stages=3),
-    dict(BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=3),
+    dict(BLOCK_M=32, BLOCK_N=128, num_warps=8, num_stages=3, paths={"wgmma": 128, "mma.sync": 64},
+         fp32_paths={"wgmma": 128}),
+    dict(BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=3, paths={"wgmma": 128, "mma.sync": 64},
+         fp32_paths={"wgmma": 64, "mma.sync": 64}),
+    dict(BLOCK_M=16, BLOCK_N=64, num_warps=4, num_stages=2, paths={"mma.sync": 128}, fp32_paths={"mma.sync": 64}),
+    dict(BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=2, paths={}, fp32_paths={"mma.sync": 128, "wgmma": 128},
+         hopper_mma=True),       # float32 at d = 128 on sm_90: every wgmma tile spills there; this one runs mma.sync
+    dict(BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1, paths={"fma": 128}),
 ]
 DQ_CONFIGS = [
-    dict(BLOCK_M=128, BLOCK_N=32, num_warps=8, num_stages=3),
-    dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=2),
+    dict(BLOCK_M=128, BLOCK_N=32, num_warps=8, num_stages=3, paths={"wgmma": 128, "mma.sync": 128}),
+    dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=2, paths={"wgmma": 128}),
+    dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=2, paths={"wgmma": 128}),
+    dict(BLOCK_M=64, BLOCK_N=16, num_warps=4, num_stages=2, paths={"mma.sync": 128}),
+    dict(BLOCK_M=32, BLOCK_N=16, num_warps=4, num_stages=1, paths={"fma": 128}),
 ]
-ATOMIC_CONFIGS = [                     # dK/dV with ATOMIC_DQ: BLOCK_M >= 64 (at 32, 8 warps, the dQ product falls
-    dict(BLOCK_M=64, BLOCK_N=64, num_warps=8, num_stages=2),    # back to mma.sync); (64, 128) spills at d = 128
-    dict(BLOCK_M=64, BLOCK_N=64, num_warps=8, num_stages=3),
+ATOMIC_CONFIGS = [                     # dK/dV with ATOMIC_DQ: on wgmma BLOCK_M >= 64 (at 32, 8 warps, the dQ product
+    dict(BLOCK_M=64, BLOCK_N=64, num_warps=8, num_stages=2, paths={"wgmma": 128}, fp32_paths={}),  # falls back to
+    dict(BLOCK_M=64, BLOCK_N=64, num_warps=8, num_stages=3, paths={"wgmma": 128}, fp32_paths={}),  # mma.sync)
+    dict(BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=2, paths={"mma.sync": 64}),
 ]
 DQ_METHODS = ("recompute", "atomic")   # dQ by a second kernel (7 matmuls a tile pair) or by atomics (5)
-PREPROCESS_BLOCK_M = 64                # rows per program of the D = rowsum(dO * O) kernel
+PREPROCESS_BLOCK_M = 64                # rows per program of the delta = rowsum(dO * O) kernel
 
 
 def available() -> bool:
@@ -127,6 +165,196 @@ def best_device() -> torch.device:
     Taught in notebook 15, "From notebook 08's loop to a grid of programs".
     """
     return torch.device("cuda" if torch.cuda.is_available() and not interpreting() else "cpu")
+
+
+# ---------------------------------------------------------------------------------------------
+# The GPUs the kernels run on, and the launch configurations that fit each
+# ---------------------------------------------------------------------------------------------
+
+# What one thread block may use, per compute capability (CUDA C++ Programming Guide, "Technical Specifications per
+# Compute Capability"): shared memory per block with the opt-in attribute, 64 K 32-bit registers per SM, at most 255
+# a thread, 1,024 threads a block. ``tensor_cores``: whether Triton lowers ``tl.dot`` to tensor-core instructions
+# there (below sm_80 it uses FMA on the CUDA cores, see ``matmul_instruction``).
+GPU_LIMITS = {
+    75: dict(name="T4 (sm_75)", capability=(7, 5), smem_per_block=65_536),
+    80: dict(name="A100 (sm_80)", capability=(8, 0), smem_per_block=166_912),
+    86: dict(name="RTX 3090, A10G (sm_86)", capability=(8, 6), smem_per_block=101_376),
+    89: dict(name="RTX 4090, L4 (sm_89)", capability=(8, 9), smem_per_block=101_376),
+    90: dict(name="H100, H200 (sm_90)", capability=(9, 0), smem_per_block=232_448),
+}
+for _cc, _limits in GPU_LIMITS.items():
+    _limits.update(regs_per_sm=65_536, regs_per_thread=255, threads_per_block=1_024, tensor_cores=_cc >= 80)
+
+
+def gpu_limits(props) -> dict:
+    """The limits a launch must fit, read off a CUDA device's properties (``torch.cuda.get_device_properties``):
+    name, capability, shared memory per block (opt-in), registers per SM, multiprocessors; the same keys as
+    ``GPU_LIMITS``.
+
+    Taught in notebook 15, "On a GPU".
+    """
+    cc = 10 * props.major + props.minor
+    return dict(name=props.name, capability=(props.major, props.minor),
+                smem_per_block=int(getattr(props, "shared_memory_per_block_optin", 0) or
+                                   GPU_LIMITS.get(cc, GPU_LIMITS[75])["smem_per_block"]),
+                regs_per_sm=int(getattr(props, "regs_per_multiprocessor", 0) or 65_536), regs_per_thread=255,
+                threads_per_block=1_024, tensor_cores=cc >= 80,
+                multiprocessors=int(getattr(props, "multi_processor_count", 0)))
+
+
+def device_limits(device=None) -> dict:
+    """``gpu_limits`` of the CUDA device the kernels launch on (``device``, or the current one), or inside
+    ``compile_only`` the architecture it compiles for (``GPU_LIMITS``).
+
+    Taught in notebook 15, "On a GPU".
+    """
+    if _COMPILE_ONLY is not None:
+        return GPU_LIMITS[10 * _COMPILE_ONLY[0] + _COMPILE_ONLY[1]]
+    if device is None or torch.device(device).type != "cuda":
+        device = torch.cuda.current_device()
+    return gpu_limits(torch.cuda.get_device_properties(device))
+
+
+def _cc(limits: dict) -> int:
+    return 10 * limits["capability"][0] + limits["capability"][1]
+
+
+def matmul_instruction(limits: dict) -> str:
+    """The instruction ``tl.dot`` becomes on that GPU: "wgmma" (Hopper's warpgroup tensor-core matmul, sm_90),
+    "mma.sync" (the warp-level tensor-core matmul, sm_80 to sm_89), or "fma" below sm_80: there Triton's
+    AccelerateMatmul pass keeps the dot on the CUDA cores ("Dot op using MMA for compute capability 75 has
+    been deprecated. It falls back to the FMA path."), so a T4 runs this kernel without tensor cores.
+
+    Taught in notebook 15, "On a GPU".
+    """
+    cc = _cc(limits)
+    return "wgmma" if 90 <= cc < 100 else "mma.sync" if cc >= 80 else "fma"
+
+
+def precision_for(limits: dict, dtype: torch.dtype) -> str:
+    """``tl.dot``'s input precision for float32 on that GPU: "tf32" (10-bit mantissa products on the tensor cores)
+    from sm_80, where TF32 exists; "ieee" (exact float32 products, FMA) below. bf16/fp16 ignore it.
+
+    Taught in notebook 15, "On a GPU".
+    """
+    del dtype
+    return "tf32" if _cc(limits) >= 80 else "ieee"
+
+
+def tma_for(limits: dict, dtype: torch.dtype, D: int) -> bool:
+    """Whether a launch on that GPU fetches tiles through tensor descriptors (the Tensor Memory Accelerator):
+    sm_90 or later, bfloat16/float16, rows of a multiple of 16 bytes (D a multiple of 8).
+
+    Taught in notebook 15, "On a GPU".
+    """
+    return _cc(limits) >= 90 and dtype in (torch.bfloat16, torch.float16) and (D * 2) % 16 == 0
+
+
+# What stays in shared memory: the tiles a program keeps (``fixed``) and those it streams through its loop
+# (``streamed``), in rows of BLOCK_D elements, as (rows of BLOCK_M, rows of BLOCK_N).
+_SMEM_TILES = {                       # kernel: (fixed (M rows, N rows), streamed (M rows, N rows))
+    "attn_fwd_kernel": ((1, 0), (0, 2)),         # Q kept; K, V streamed
+    "attn_bwd_dkdv_kernel": ((0, 2), (2, 0)),    # K, V kept; Q, dO streamed
+    "attn_bwd_dq_kernel": ((2, 0), (0, 2)),      # Q, dO kept; K, V streamed
+}
+SMEM_SLACK = 4096                      # barriers, layout conversions, the float32 rows of lse and delta
+
+
+def smem_estimate(kernel: str, config: dict, dtype: torch.dtype, D: int, *, atomic: bool = False,
+                  instruction: str = "wgmma") -> int:
+    """Bytes of shared memory one program of ``kernel`` needs with ``config`` where ``tl.dot`` becomes
+    ``instruction`` (``matmul_instruction``), estimated from its tiles, plus ``SMEM_SLACK``:
+
+    - "wgmma" (sm_90): the kept tiles once and the streamed tiles once per pipeline stage (``num_stages``), in the
+      input dtype; with atomic dQ also a float32 (BLOCK_M, BLOCK_D) tile, converted before the atomic additions;
+    - "mma.sync" (sm_80 to sm_89): the same with num_stages - 1 buffers of the streamed tiles (at least one), and
+      in float32 (TF32) two float32 (BLOCK_M, BLOCK_N) tiles more (P and dS pass through shared memory there);
+    - "fma" (below sm_80): the operands of ``tl.dot`` are float32 and pass through shared memory on their way to
+      the CUDA cores: the kept and the streamed tiles, in float32.
+
+    ``course.arch_compile`` checks every estimate against what the compiler allocates.
+
+    Taught in notebook 15, "On a GPU".
+    """
+    if kernel == "attn_bwd_preprocess_kernel":
+        return SMEM_SLACK
+    bm, bn, bd = config["BLOCK_M"], config["BLOCK_N"], _block_d(D)
+    (fm, fn), (sm, sn) = _SMEM_TILES[kernel]
+    fixed, streamed = fm * bm + fn * bn, sm * bm + sn * bn          # rows of BLOCK_D elements
+    if instruction == "fma":
+        return 4 * bd * (fixed + streamed) + SMEM_SLACK
+    e = torch.empty((), dtype=dtype).element_size()
+    buffers = config["num_stages"] if instruction == "wgmma" else max(config["num_stages"] - 1, 1)
+    tf32 = 2 * 4 * bm * bn if instruction == "mma.sync" and e == 4 else 0
+    rows = 2 * 4 * bm * buffers if kernel == "attn_bwd_dkdv_kernel" else 0       # lse and delta, float32, per stage
+    return e * bd * (fixed + buffers * streamed) + (4 * bm * bd if atomic else 0) + tf32 + rows + SMEM_SLACK
+
+
+def _min_dot_rows(kernel: str, config: dict, atomic: bool) -> int:
+    """The fewest rows (M) of any of the kernel's matmuls: BLOCK_M in the forward and dQ, BLOCK_N in dK/dV (and
+    BLOCK_M again for its atomic dS K)."""
+    if kernel == "attn_bwd_dkdv_kernel":
+        return min(config["BLOCK_N"], config["BLOCK_M"]) if atomic else config["BLOCK_N"]
+    return config["BLOCK_M"]
+
+
+def _candidates(kernel: str, atomic: bool) -> list[dict]:
+    return {"attn_fwd_kernel": FWD_CONFIGS, "attn_bwd_dq_kernel": DQ_CONFIGS,
+            "attn_bwd_dkdv_kernel": ATOMIC_CONFIGS if atomic else DKDV_CONFIGS}[kernel]
+
+
+def config_fits(kernel: str, config: dict, limits: dict, dtype: torch.dtype, D: int, *, atomic: bool = False) -> bool:
+    """Whether a launch of ``kernel`` with ``config`` fits that GPU: made for its matmul path and this head dim
+    (``paths`` maps its ``matmul_instruction`` to a largest D), threads within a block's, the register file
+    even at 255 registers a thread, ``smem_estimate`` within its shared memory per block; on sm_90 also every
+    matmul at least 64 rows, the M of one ``wgmma`` (fewer would fall back to ``mma.sync``).
+
+    Taught in notebook 15, "On a GPU".
+    """
+    paths = config.get("fp32_paths", config.get("paths", {})) if dtype == torch.float32 else config.get("paths", {})
+    if D > paths.get(matmul_instruction(limits), 0):
+        return False
+    threads = 32 * config["num_warps"]
+    if threads > limits["threads_per_block"] or threads * limits["regs_per_thread"] > limits["regs_per_sm"]:
+        return False
+    instruction = matmul_instruction(limits)
+    if smem_estimate(kernel, config, dtype, D, atomic=atomic, instruction=instruction) > limits["smem_per_block"]:
+        return False
+    return instruction != "wgmma" or _min_dot_rows(kernel, config, atomic) >= 64 or config.get("hopper_mma", False)
+
+
+def expected_instruction(kernel: str, config: dict, limits: dict, *, atomic: bool = False) -> str:
+    """The matmul instruction a kept configuration compiles to on that GPU: ``matmul_instruction``, except on
+    sm_90 for a configuration whose smallest matmul has fewer than 64 rows (``hopper_mma``), which runs mma.sync.
+
+    Taught in notebook 15, "On a GPU".
+    """
+    instruction = matmul_instruction(limits)
+    if instruction == "wgmma" and _min_dot_rows(kernel, config, atomic) < 64:
+        return "mma.sync"
+    return instruction
+
+
+def kept_configs(kernel: str, limits: dict, dtype: torch.dtype, D: int, *, atomic: bool = False) -> list[dict]:
+    """The configurations of ``kernel``'s table (``FWD_CONFIGS``, ``DKDV_CONFIGS``, ``ATOMIC_CONFIGS`` with
+    atomic dQ, ``DQ_CONFIGS``) that ``config_fits`` that GPU: what its autotuner tries. May be empty for the
+    atomic dK/dV (``dq_methods_for`` then leaves only "recompute").
+
+    Taught in notebook 15, "On a GPU".
+    """
+    return [dict(c) for c in _candidates(kernel, atomic) if config_fits(kernel, c, limits, dtype, D, atomic=atomic)]
+
+
+def dq_methods_for(limits: dict, dtype: torch.dtype, D: int) -> tuple[str, ...]:
+    """The dQ methods (``DQ_METHODS``) with at least one configuration that fits that GPU: "recompute" needs the
+    dK/dV and dQ kernels, "atomic" the dK/dV kernel with atomic dQ. When one does not fit, the other is used.
+
+    Taught in notebook 15, "On a GPU".
+    """
+    fits = dict(recompute=bool(kept_configs("attn_bwd_dkdv_kernel", limits, dtype, D) and
+                               kept_configs("attn_bwd_dq_kernel", limits, dtype, D)),
+                atomic=bool(kept_configs("attn_bwd_dkdv_kernel", limits, dtype, D, atomic=True)))
+    return tuple(m for m in DQ_METHODS if fits[m])
 
 
 _COMPILE_ONLY: tuple[int, int] | None = None      # the capability ``compile_only`` compiles for, inside it
@@ -404,6 +632,15 @@ def _check_device(*tensors: Tensor) -> None:
                          "the interpreter (set TRITON_INTERPRET=1 before triton is imported)")
 
 
+def _check_gpu_dtype(q: Tensor) -> None:
+    """bfloat16 is native from sm_80 (A100 and later); below (a T4) the kernels take float16 or float32."""
+    if q.dtype == torch.bfloat16 and _compiled(q.device):
+        limits = device_limits(q.device)
+        if _cc(limits) < 80:
+            raise ValueError(f"bfloat16 needs a GPU of compute capability 8.0 or more; the {limits['name']} runs "
+                             "the kernels in float16 or float32")
+
+
 def _scale(scale, D: int) -> float:
     if scale is None:
         return 1.0 / math.sqrt(D)
@@ -412,10 +649,12 @@ def _scale(scale, D: int) -> float:
     return float(scale)
 
 
-def _precision(dtype: torch.dtype) -> str:
-    """tl.dot's input precision: TF32 tensor cores for float32 (bf16/fp16 ignore it)."""
-    del dtype
-    return "tf32"
+def _precision(dtype: torch.dtype, device: torch.device | None = None) -> str:
+    """tl.dot's input precision: on a GPU ``precision_for`` it (TF32 for float32 from sm_80, float32 products
+    below); under the interpreter, whose dot multiplies in numpy's float32, "ieee". bf16/fp16 ignore it."""
+    if device is not None and _compiled(device):
+        return precision_for(device_limits(device), dtype)
+    return "ieee"
 
 
 def _block_d(D: int) -> int:
@@ -445,9 +684,10 @@ def _config(config: dict | None, block_m, block_n, device: torch.device) -> dict
 
 
 def tma_supported(*tensors: Tensor) -> bool:
-    """True where the kernels can fetch tiles through tensor descriptors (Hopper's TMA): bfloat16 or float16,
-    rows of a multiple of 16 bytes (D a multiple of 8), 16-byte aligned data; compiled on a GPU of compute
-    capability 9 or more, or under the interpreter (which emulates descriptors, so the CPU tests run the path).
+    """True where the kernels can fetch tiles through tensor descriptors (the Tensor Memory Accelerator, TMA, of
+    Hopper): bfloat16 or float16, rows of a multiple of 16 bytes (D a multiple of 8), 16-byte aligned data;
+    compiled on a GPU of compute capability 9 or more (``tma_for``), or under the interpreter (which emulates
+    descriptors, so the CPU tests run the path).
 
     Taught in notebook 15, "On a GPU".
     """
@@ -459,9 +699,9 @@ def tma_supported(*tensors: Tensor) -> bool:
         return False
     if interpreting():
         return True
-    if _COMPILE_ONLY is not None:
-        return _COMPILE_ONLY[0] >= 9
-    return t.device.type == "cuda" and torch.cuda.get_device_capability(t.device)[0] >= 9
+    if _COMPILE_ONLY is None and t.device.type != "cuda":
+        return False
+    return tma_for(device_limits(t.device), t.dtype, t.shape[-1])
 
 
 def tma_by_default(*tensors: Tensor) -> bool:
@@ -527,7 +767,8 @@ def _autotuned(name: str, atomic: bool = False, dtype: torch.dtype | None = None
 
     Keyed on (N = B*H, L, S, D, IS_CAUSAL); the dtype picks the autotuner (Triton adds the dtypes of tensor
     arguments to its key itself, but a tensor descriptor has none, so with TMA bf16 and fp16 would share one
-    tuning). Triton's autotuner skips a configuration that runs out of resources and re-raises any other error
+    tuning). Before tuning, ``_pruner`` drops the configurations that do not fit the GPU (``config_fits``).
+    Triton's autotuner skips a configuration that runs out of resources and re-raises any other error
     (a compile error, an illegal memory access) as it is. A per-config pre-hook sets the descriptors' block
     shapes; with atomics, DQ_ACC is zeroed before each timed run.
     """
@@ -539,10 +780,40 @@ def _autotuned(name: str, atomic: bool = False, dtype: torch.dtype | None = None
         tuned = [triton.Config(dict(BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"]), num_warps=c["num_warps"],
                                num_stages=c["num_stages"], pre_hook=lambda nargs: _set_blocks(name, nargs))
                  for c in configs]
+        prune = {"early_config_prune": _pruner(name, atomic)}
         _AUTOTUNED[name, atomic, dtype] = triton.autotune(configs=tuned, key=["N", "L", "S", "D", "IS_CAUSAL"],
+                                                          prune_configs_by=prune,
                                                           reset_to_zero=["DQ_ACC"] if atomic else None)(
             getattr(_kernels(), name))
     return _AUTOTUNED[name, atomic, dtype]
+
+
+def _as_dict(config, name: str = "attn_fwd_kernel", atomic: bool = False) -> dict:
+    """A ``triton.Config`` of kernel ``name`` as its entry in ``FWD_CONFIGS`` or the other tables."""
+    fields = dict(BLOCK_M=config.kwargs["BLOCK_M"], BLOCK_N=config.kwargs["BLOCK_N"], num_warps=config.num_warps,
+                  num_stages=config.num_stages)
+    for entry in _candidates(name, atomic):
+        if all(entry[key] == value for key, value in fields.items()):
+            return dict(entry)
+    return fields
+
+
+def _pruner(name: str, atomic: bool):
+    """The autotuner's ``early_config_prune`` for kernel ``name``: the configurations that ``config_fits`` the
+    GPU the launch runs on (its properties, read once per key), for the launch's dtype and D."""
+    def prune(configs, named_args, **kwargs):
+        args = {**named_args, **kwargs}
+        q = args["Q"]
+        tensor = getattr(q, "base", q)                                  # Q: a tensor or its descriptor
+        limits = device_limits(tensor.device)
+        kept = [c for c in configs
+                if config_fits(name, _as_dict(c, name, atomic), limits, tensor.dtype, args["D"], atomic=atomic)]
+        if not kept:
+            raise ValueError(f"no launch configuration of {name} fits the {limits['name']} "
+                             f"({limits['smem_per_block']} B of shared memory per block) at D = {args['D']} in "
+                             f"{tensor.dtype}")
+        return kept
+    return prune
 
 
 def _launch(name: str, rows: int, N: int, config: dict | None, args: dict, meta: dict) -> None:
@@ -594,6 +865,7 @@ def forward(q: Tensor, k: Tensor, v: Tensor, *, is_causal: bool = False, scale: 
     scale = _scale(scale, D)
     config = _config(config, block_m, block_n, q.device)
     _check_device(q, k, v)
+    _check_gpu_dtype(q)
     q3, k3, v3 = (t.reshape(B * H, t.shape[2], D).contiguous() for t in (q, k, v))   # (N, L|S, D)
     out = torch.empty_like(q3)                                                     # (N, L, D)
     lse = torch.empty(B * H, L, dtype=torch.float32, device=q.device)              # (N, L), natural log
@@ -601,7 +873,7 @@ def forward(q: Tensor, k: Tensor, v: Tensor, *, is_causal: bool = False, scale: 
     wrap = _descriptor if use_tma else (lambda t: t)
     args = dict(Q=wrap(q3), K=wrap(k3), V=wrap(v3), O=wrap(out), LSE=lse, N=B * H, L=L, S=S, qk_scale=scale * LOG2_E)
     _launch("attn_fwd_kernel", L, B * H, config, args,
-            dict(D=D, IS_CAUSAL=bool(is_causal), BLOCK_D=_block_d(D), PRECISION=_precision(q.dtype),
+            dict(D=D, IS_CAUSAL=bool(is_causal), BLOCK_D=_block_d(D), PRECISION=_precision(q.dtype, q.device),
                  UPCAST=_upcast(q.dtype), TMA=use_tma))
     return out.reshape(B, H, L, D), lse.reshape(B, H, L)
 
@@ -636,14 +908,17 @@ def _cuda_ms(run, repeat: int = 3) -> float:
     return start.elapsed_time(end) / repeat
 
 
-def _choose_dq_method(key: tuple, run, timer=None) -> str:
-    """The faster of ``DQ_METHODS`` for this problem, timed once (``run(method)`` runs the dK/dV and dQ
-    kernels that way) and remembered: FlashAttention-2's atomics save two matmuls a tile pair and pay in
-    L2 atomic traffic, and which side wins depends on the GPU, D and the mask."""
+def _choose_dq_method(key: tuple, run, timer=None, methods: tuple[str, ...] = DQ_METHODS) -> str:
+    """The faster of ``methods`` (``DQ_METHODS`` that fit the GPU) for this problem, timed once (``run(method)``
+    runs the dK/dV and dQ kernels that way) and remembered: FlashAttention-2's atomics save two matmuls a tile
+    pair and pay in L2 atomic traffic, and which side wins depends on the GPU, D and the mask. A single method
+    (the other has no configuration that fits) is taken untimed; the other's time is then None."""
     timer = _cuda_ms if timer is None else timer
     if key not in _DQ_TIMINGS:
-        ms = {method: timer(lambda: run(method)) for method in DQ_METHODS}
-        _DQ_TIMINGS[key] = dict(ms, chosen=min(DQ_METHODS, key=ms.get))
+        ms = {method: timer(lambda: run(method)) if len(methods) > 1 and method in methods else None
+              for method in DQ_METHODS}
+        chosen = methods[0] if len(methods) == 1 else min(methods, key=ms.get)
+        _DQ_TIMINGS[key] = dict(ms, chosen=chosen)
     return _DQ_TIMINGS[key]["chosen"]
 
 
@@ -655,8 +930,8 @@ def backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, grad_out
 
     Taught in notebook 15, "The backward kernels".
 
-    First D_i = rowsum(dO * O) (a small kernel, one float32 per query). Then one program per key block
-    accumulates dK and dV over the query blocks (4 matmuls a tile). dQ two ways (``dq_method``):
+    First delta_i = rowsum(dO * O) (a small kernel, one float32 per query; ``D`` is the head dim). Then one program
+    per key block accumulates dK and dV over the query blocks (4 matmuls a tile). dQ two ways (``dq_method``):
     "recompute", a second kernel with one program per query block accumulating dQ over the key blocks
     (3 more matmuls a tile: it recomputes Q K^T and dO V^T), deterministic; or "atomic", FlashAttention-2's
     way, where the dK/dV programs also add each tile's dS K into a float32 dQ with atomics (1 more matmul;
@@ -689,17 +964,18 @@ def backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, grad_out
     dkdv_config = _config(dkdv_config, block_m, block_n, q.device)
     dq_config = _config(dq_config, block_m, block_n, q.device)
     _check_device(q, k, v, out, lse, grad_out)
+    _check_gpu_dtype(q)
     N = B * H
     q3, k3, v3, do3, out3 = (t.reshape(N, t.shape[2], D).contiguous() for t in (q, k, v, grad_out.to(q.dtype), out))
     lse2d = lse.reshape(N, L).float().contiguous()                               # (N, L), natural log
-    delta = torch.empty(N, L, dtype=torch.float32, device=q.device)              # (N, L) D_i = rowsum(dO * O)
+    delta = torch.empty(N, L, dtype=torch.float32, device=q.device)              # (N, L) delta_i = rowsum(dO * O)
     _kernels().attn_bwd_preprocess_kernel[(math.ceil(L / PREPROCESS_BLOCK_M) * N,)](
         out3, do3, delta, N, L, D=D, BLOCK_M=PREPROCESS_BLOCK_M, BLOCK_D=_block_d(D))
     dq, dk, dv = torch.empty_like(q3), torch.empty_like(k3), torch.empty_like(v3)
     use_tma = _use_tma(tma, q3, k3, v3, do3, dq, dk, dv)
     wrap = _descriptor if use_tma else (lambda t: t)
     Q, K, V, DO = wrap(q3), wrap(k3), wrap(v3), wrap(do3)
-    meta = dict(D=D, IS_CAUSAL=bool(is_causal), BLOCK_D=_block_d(D), PRECISION=_precision(q.dtype),
+    meta = dict(D=D, IS_CAUSAL=bool(is_causal), BLOCK_D=_block_d(D), PRECISION=_precision(q.dtype, q.device),
                 UPCAST=_upcast(q.dtype), TMA=use_tma)
     sizes = dict(N=N, L=L, S=S, qk_scale=scale * LOG2_E, scale=scale)
 
@@ -717,8 +993,12 @@ def backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, grad_out
 
     if dq_method is None:
         if _compiled(q.device) and dkdv_config is None and dq_config is None:
+            methods = dq_methods_for(device_limits(q.device), q.dtype, D)     # those with a configuration that fits
+            if not methods:
+                raise ValueError(f"neither dQ method has a launch configuration that fits the "
+                                 f"{device_limits(q.device)['name']} at D = {D} in {q.dtype}")
             key = (N, L, S, D, bool(is_causal), str(q.dtype).removeprefix("torch."), use_tma)
-            dq_method = _choose_dq_method(key, run)
+            dq_method = _choose_dq_method(key, run, methods=methods)
         else:
             dq_method = "recompute"
     run(dq_method)

@@ -1,4 +1,4 @@
-"""FlashAttention-2 as Triton kernels: the forward pass, the backward's D = rowsum(dO * O), dK/dV and dQ.
+"""FlashAttention-2 as Triton kernels: the forward pass, the backward's delta = rowsum(dO * O), dK/dV and dQ.
 
 Taught in notebook 15 ("The forward kernel", "The backward kernels").
 
@@ -15,8 +15,10 @@ hold 65,535. Element (n, i, d) of Q sits at ``Q + n * L * D + i * D + d``; the h
 
 Two ways to fetch a tile (``load_block``, constexpr ``TMA``): with pointers (every thread computes the
 addresses and masks of its elements), or, on Hopper (sm_90) in bfloat16/float16, through a tensor
-descriptor: one request to the Tensor Memory Accelerator copies the whole tile to shared memory and
-zero-fills what lies past the tensor's edge. The interpreter runs both.
+descriptor: one request to Hopper's Tensor Memory Accelerator (TMA), the hardware unit that moves whole
+tiles between global and shared memory, copies the tile and zero-fills what lies past the tensor's edge.
+The interpreter runs both. ``D`` is the head dimension everywhere; the backward's row sums rowsum(dO * O)
+are ``delta`` (``DELTA``), FlashAttention-2's name.
 
 Two ways to get dQ (constexpr ``ATOMIC_DQ`` of the dK/dV kernel): a second kernel that walks the key
 blocks again for each query block (``attn_bwd_dq_kernel``: 4 + 3 = 7 matmuls per tile pair), or, as
@@ -118,10 +120,9 @@ def load_block(X, head, row0, offs_d, n_rows, D: tl.constexpr, BLOCK_R: tl.const
     Taught in notebook 15, "The forward kernel".
 
     TMA: X is a tensor descriptor of the (N, n_rows, D) tensor with block (1, BLOCK_R, BLOCK_D); one
-    thread asks Hopper's copy engine (the Tensor Memory Accelerator) for the whole tile, which it
-    writes to shared memory, zero-filling rows past n_rows and columns past D itself: no addresses,
-    no masks in registers. Otherwise X is a pointer and the threads load the tile with ``load_rows``
-    (the head offset ``head * n_rows * D`` in int64).
+    thread asks Hopper's Tensor Memory Accelerator (TMA) for the whole tile, which it writes to shared memory,
+    zero-filling rows past n_rows and columns past D itself: no addresses, no masks in registers. Otherwise X is a
+    pointer and the threads load the tile with ``load_rows`` (the head offset ``head * n_rows * D`` in int64).
     """
     if TMA:
         x = X.load([head, row0, 0]).reshape(BLOCK_R, BLOCK_D)
@@ -235,7 +236,8 @@ def attn_fwd_kernel(Q, K, V, O, LSE, N, L, S, qk_scale,
 
 @triton.jit
 def attn_bwd_preprocess_kernel(O, DO, DELTA, N, L, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
-    """DELTA_i = sum_d dO_id * O_id, float32, for BLOCK_M rows per program: one float per query.
+    """delta_i = sum_d dO_id * O_id (the row sums, ``DELTA``), float32, for BLOCK_M rows per program: one float
+    per query.
 
     Taught in notebook 15, "The backward kernels".
     """
@@ -259,7 +261,7 @@ def attn_bwd_dkdv_inner(dk, dv, k, v, Q, DO, DQ_ACC, LSE_head, DELTA_head, head,
 
     Taught in notebook 15, "The backward kernels".
 
-        P^T = 2^(K Q^T * qk_scale - lse_2),  dV += P^T dO,  dP^T = V dO^T,  dS^T = P^T * (dP^T - DELTA),
+        P^T = 2^(K Q^T * qk_scale - lse_2),  dV += P^T dO,  dP^T = V dO^T,  dS^T = P^T * (dP^T - delta),
         dK += dS^T Q   (times scale, once, at the end)
         ATOMIC_DQ:  dQ_block += (dS^T)^T K * scale, added into the float32 DQ_ACC (N, L, D) with atomics
 
@@ -352,7 +354,7 @@ def attn_bwd_dq_inner(dq, q, do, lse2, delta, K, V, head, k_start, k_end, offs_m
 
     Taught in notebook 15, "The backward kernels".
 
-        P = 2^(Q K^T * qk_scale - lse_2),  dP = dO V^T,  dS = P * (dP - DELTA),  dQ += dS K
+        P = 2^(Q K^T * qk_scale - lse_2),  dP = dO V^T,  dS = P * (dP - delta),  dQ += dS K
     With MASK keys past S (and, causal, keys after each query) get P = 0.
     """
     for k0 in range(k_start, k_end, BLOCK_N):

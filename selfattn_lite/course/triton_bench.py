@@ -96,7 +96,8 @@ def benchmark(device: torch.device | str = "cuda", *, B: int = 4, H: int = 16, n
 
 
 def summarize(records: list[dict], *, n: int = 4096, D: int = 128) -> dict:
-    """The kernel's speed as a multiple of SDPA's, per mask, at n and D.
+    """The kernel's time relative to SDPA's, per mask, at n and D: t_kernel / t_SDPA (1 = as fast, 2 = twice
+    SDPA's time), the course's one ratio convention.
 
     forward_ratio = Triton's forward time / SDPA's (goal <= 2: at least half SDPA's speed);
     backward_ratio = Triton's backward time / SDPA's (goal <= 3), each backward time being

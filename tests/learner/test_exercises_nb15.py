@@ -3,6 +3,7 @@
 import os
 
 import pytest
+import torch
 from helpers import expect_correct, expect_not_attempted
 
 from selfattn_lite import triton_attention as ta
@@ -177,3 +178,80 @@ def test_right_answer_passes(checker, right, capsys):
                          ids=["online_update", "causal_bounds", "copy_grid", "copy_kernel"])
 def test_stub_is_not_attempted(checker, capsys):
     expect_not_attempted(checker, stub, capsys)
+
+
+# ----------------------------------------------------------------------------- the online update under TF32 (a GPU's float32 tl.dot)
+
+def tf32(x):
+    """x rounded as an sm_80+ tensor core reads a float32 factor: 10 mantissa bits, to nearest (ties away)."""
+    bits = x.float().contiguous().view(torch.int32)
+    return ((bits + 0x1000) & ~0x1FFF).view(torch.float32)
+
+
+def tf32_stream(s, v):
+    """The right update with its dot in TF32: what a correct answer computes on an A100, an RTX 4090 or an H100."""
+    m = torch.full((s.shape[0],), float("-inf"))
+    l, acc = torch.zeros(s.shape[0]), torch.zeros(s.shape[0], v.shape[1])
+    for k0 in range(0, s.shape[1], check.BLOCK_N):
+        blk, v_blk = s[:, k0:k0 + check.BLOCK_N], v[k0:k0 + check.BLOCK_N]
+        m_new = torch.maximum(m, blk.amax(1))
+        alpha = torch.exp(m - m_new)
+        p = torch.exp(blk - m_new[:, None])
+        l = l * alpha + p.sum(1)
+        acc = acc * alpha[:, None] + (tf32(p).double() @ tf32(v_blk).double()).float()
+        m = m_new
+    return acc / l[:, None]
+
+
+def checker_inputs():
+    gen = torch.Generator().manual_seed(15)                       # the checker's own draw
+    s = torch.randn(check.BLOCK_M, 40, generator=gen)
+    s[:, 20:] += 3.0
+    return s, torch.randn(40, check.D, generator=gen)
+
+
+def test_tf32_error_is_inside_its_bound_and_outside_float32s():
+    """A right update on a TF32 GPU misses softmax(s) @ v by more than float32's 1e-4 (the old checker rejected
+    it) and by less than the bound from TF32's 10-bit mantissa."""
+    s, v = checker_inputs()
+    want = torch.softmax(s.double(), dim=-1) @ v.double()
+    err = (tf32_stream(s, v).double() - want).abs()
+    assert err.max() > check.FP32_ATOL
+    assert (err <= check.update_tolerance(s, v, "tf32")).all()
+    assert not (err <= check.update_tolerance(s, v, "ieee")).all()
+    assert check.update_tolerance(s, v, "tf32").max() < 2e-3          # still far below any planted mistake's error
+    for kwargs in (dict(rescale_acc=False), dict(rescale_l=False)):
+        wrong = check._stream(s, v, **kwargs).double()
+        assert not ((wrong - want).abs() <= check.update_tolerance(s, v, "tf32")).all()
+
+
+def test_dot_precision_here():
+    assert check.dot_precision() == ("ieee" if ta.interpreting() or not torch.cuda.is_available() else
+                                     ta.precision_for(ta.device_limits(), torch.float32))
+
+
+@pytest.mark.parametrize("fn, message", [
+    (good_update, "Correct"),
+    (no_acc_rescale, "acc is not rescaled"),
+    (no_l_rescale, "l is not rescaled"),
+])
+def test_online_update_on_a_tf32_gpu(monkeypatch, capsys, fn, message):
+    """The checker's GPU path, run on a CPU: tl.dot in TF32 (emulated for the right answer and its planted
+    mistakes), judged against TF32's bound. A right answer passes and says which products it was held to."""
+    monkeypatch.setattr(check, "dot_precision", lambda: "tf32")
+    monkeypatch.setattr(check, "_is_stub", lambda fn: False)
+    monkeypatch.setattr(ta, "available", lambda: True)
+    mistake = {no_acc_rescale: dict(rescale_acc=False), no_l_rescale: dict(rescale_l=False)}.get(fn)
+
+    def run(_, s, v):
+        if mistake is None:
+            return tf32_stream(s, v)
+        p_v = check._stream(s, v, **mistake)
+        return p_v + (tf32_stream(s, v) - check._stream(s, v))          # the same TF32 rounding on top
+    monkeypatch.setattr(check, "_run_update", run)
+    if message == "Correct":
+        check.check_online_update(fn)
+        assert "TF32 products" in capsys.readouterr().out
+    else:
+        with pytest.raises(ExerciseError, match=message):
+            check.check_online_update(fn)

@@ -26,7 +26,10 @@ FEW = settings(max_examples=15, deadline=None)
 
 
 DEVICE = ta.best_device()      # CUDA where the kernels are compiled, else the CPU (the interpreter)
-# float32: exact products under the interpreter; TF32 tensor cores (10-bit mantissa) on a GPU
+# float32: exact products under the interpreter; on a GPU TF32 tensor cores from sm_80 (each factor rounded to 10
+# mantissa bits, u = 2^-11): a score q.k * scale errs by up to 2u * sum_d |q_d k_d| * scale, about 2u * sqrt(D) for
+# unit normal inputs (0.008 at D = 64, 0.011 at D = 128), and the output by that times max |v| plus 2u |v|: TF32's own
+# bound is about 2e-2 at these sizes. Below sm_80 (a T4) the products are float32's.
 FP32 = dict(atol=2e-5, rtol=1e-4) if DEVICE.type == "cpu" else dict(atol=2e-2, rtol=2e-2)
 
 
@@ -408,6 +411,7 @@ def fake_cuda(monkeypatch):
     monkeypatch.setattr(ta, "_kernels", lambda: types.SimpleNamespace(attn_bwd_preprocess_kernel=preprocess))
     monkeypatch.setattr(ta, "_compiled", lambda device: True)
     monkeypatch.setattr(ta, "_check_device", lambda *tensors: None)     # CPU tensors pass, also on a GPU machine
+    monkeypatch.setattr(ta, "device_limits", lambda device=None: ta.GPU_LIMITS[90])   # an H100's limits
     monkeypatch.setattr(ta, "_autotuned", lambda name, atomic=False, dtype=None: FakeKernel(name, log, errors.get(name)))
     return log, errors
 
@@ -496,7 +500,7 @@ def test_first_backward_times_both_dq_methods_then_runs_the_faster(fake_cuda, mo
     log, _ = fake_cuda
     monkeypatch.setattr(ta, "_DQ_TIMINGS", {})
     monkeypatch.setattr(ta, "_cuda_ms", lambda call: (call(), 1.0 if len(log) >= 4 else 2.0)[1])
-    q, k, v = (torch.randn(1, 1, 8, 16) for _ in range(3))
+    q, k, v = (torch.randn(1, 1, 8, 16).half() for _ in range(3))      # float16: both dQ methods fit an H100
     ta.backward(q, k, v, q.clone(), torch.zeros(1, 1, 8), torch.ones_like(q))
     names = [name for name, _ in log]
     assert names == ["attn_bwd_preprocess_kernel", "attn_bwd_dkdv_kernel", "attn_bwd_dq_kernel", "attn_bwd_dkdv_kernel",
@@ -518,16 +522,23 @@ def test_heads_on_grid_axis_0_past_65535(fake_cuda):
 
 
 @needs_triton
-def test_float32_uses_tf32_tensor_cores():
-    """Issue 23 #6: float32 ran the exact 'ieee' dot on CUDA (no tensor cores, a 75 s compile). It is TF32
-    now, as documented in flash_attention; under the interpreter the products stay exact float32."""
-    assert ta._precision(torch.float32) == "tf32"
+def test_float32_uses_tf32_tensor_cores_from_sm80(monkeypatch):
+    """Issue 23 #6: float32 ran the exact 'ieee' dot on CUDA (no tensor cores, a 75 s compile). It is TF32 from
+    sm_80 now, as documented in flash_attention; below sm_80 (no TF32, no tensor-core path in Triton) and under
+    the interpreter the products are float32's."""
+    assert [ta.precision_for(ta.GPU_LIMITS[cc], torch.float32) for cc in (75, 80, 86, 89, 90)] == \
+        ["ieee", "tf32", "tf32", "tf32", "tf32"]
+    assert ta._precision(torch.float32, torch.device("cpu")) == "ieee"       # the interpreter (no GPU compile)
+    monkeypatch.setattr(ta, "_compiled", lambda device: True)
+    for cc, want in ((75, "ieee"), (80, "tf32")):
+        monkeypatch.setattr(ta, "device_limits", lambda device=None, cc=cc: ta.GPU_LIMITS[cc])
+        assert ta._precision(torch.float32, torch.device("cuda")) == want
     assert "TF32" in ta.flash_attention.__doc__ and "TF32" in ta.__doc__
 
 
 @needs_triton
 def test_preprocess_kernel_computes_delta():
-    """Issue 23 #4: D = rowsum(dO * O) is a small kernel of its own, not three float32 temporaries in torch."""
+    """Issue 23 #4: delta = rowsum(dO * O) is a small kernel of its own, not three float32 temporaries in torch."""
     kernels = ta._kernels()
     o, do = randn(3, 37, 24, seed=1), randn(3, 37, 24, seed=2)
     delta = torch.empty(3, 37, device=DEVICE)
@@ -548,3 +559,66 @@ def test_backward_takes_inputs_then_saved_then_gradient():
     F.scaled_dot_product_attention(qs, ks, vs).backward(do)
     for got, want in zip(ta.backward(q, k, v, out, lse, do), (qs.grad, ks.grad, vs.grad)):
         torch.testing.assert_close(got, want, **FP32)
+
+
+@needs_triton
+def test_dq_falls_back_to_the_method_that_fits(fake_cuda, monkeypatch):
+    """When one dQ method has no configuration that fits the GPU (``dq_methods_for``), the backward runs the other,
+    untimed; the timings record says so (None for the one not run)."""
+    log, _ = fake_cuda
+    monkeypatch.setattr(ta, "_DQ_TIMINGS", {})
+    q, k, v = (torch.randn(1, 1, 8, 16) for _ in range(3))
+    for methods, kernels in ((("recompute",), ["attn_bwd_dkdv_kernel", "attn_bwd_dq_kernel"]),
+                             (("atomic",), ["attn_bwd_dkdv_kernel"])):
+        log.clear()
+        monkeypatch.setattr(ta, "_DQ_TIMINGS", {})
+        monkeypatch.setattr(ta, "dq_methods_for", lambda limits, dtype, D, methods=methods: methods)
+        monkeypatch.setattr(ta, "_cuda_ms", lambda call: pytest.fail("a single method is not timed"))
+        ta.backward(q, k, v, q.clone(), torch.zeros(1, 1, 8), torch.ones_like(q))
+        assert [name for name, _ in log] == ["attn_bwd_preprocess_kernel", *kernels]
+        (timing,) = ta.dq_method_timings()
+        assert timing["chosen"] == methods[0] and timing["recompute"] is None and timing["atomic"] is None
+    monkeypatch.setattr(ta, "dq_methods_for", lambda limits, dtype, D: ())
+    with pytest.raises(ValueError, match="neither dQ method"):
+        ta.backward(q, k, v, q.clone(), torch.zeros(1, 1, 8), torch.ones_like(q))
+
+
+@needs_triton
+def test_the_autotuners_prune_by_the_gpus_limits(monkeypatch):
+    """``early_config_prune`` keeps what ``config_fits`` the launch's GPU, dtype and D, and refuses in one sentence
+    when nothing would."""
+    import triton
+
+    for name, atomic in (("attn_fwd_kernel", False), ("attn_bwd_dkdv_kernel", False), ("attn_bwd_dkdv_kernel", True),
+                         ("attn_bwd_dq_kernel", False)):
+        tuned = ta._autotuned(name, atomic, torch.float16)
+        assert tuned.early_config_prune is not None
+        for cc in (75, 90):
+            monkeypatch.setattr(ta, "device_limits", lambda device=None, cc=cc: ta.GPU_LIMITS[cc])
+            q = torch.zeros(1, 8, 128, dtype=torch.float16)
+            want = ta.kept_configs(name, ta.GPU_LIMITS[cc], torch.float16, 128, atomic=atomic)
+            if not want:                                                 # the atomic dK/dV below sm_80
+                with pytest.raises(ValueError, match=f"no launch configuration of {name} fits"):
+                    tuned.early_config_prune(tuned.configs, {}, Q=q, D=128)
+                continue
+            kept = [ta._as_dict(c, name, atomic) for c in tuned.early_config_prune(tuned.configs, {}, Q=q, D=128)]
+            assert kept == want
+    tiny = dict(ta.GPU_LIMITS[80], smem_per_block=1024, name="tiny GPU")
+    monkeypatch.setattr(ta, "device_limits", lambda device=None: tiny)
+    tuned = ta._autotuned("attn_fwd_kernel", False, torch.float16)
+    with pytest.raises(ValueError, match="no launch configuration of attn_fwd_kernel fits the tiny GPU"):
+        tuned.early_config_prune(tuned.configs, {}, Q=torch.zeros(1, 8, 64, dtype=torch.float16), D=64)
+    assert isinstance(tuned, triton.runtime.autotuner.Autotuner)
+
+
+@needs_triton
+def test_bfloat16_needs_sm80(monkeypatch):
+    """A T4 (sm_75) has no bfloat16 arithmetic: the kernels refuse it there in one sentence, and take float16."""
+    monkeypatch.setattr(ta, "_compiled", lambda device: True)
+    monkeypatch.setattr(ta, "_check_device", lambda *tensors: None)
+    monkeypatch.setattr(ta, "device_limits", lambda device=None: ta.GPU_LIMITS[75])
+    q = torch.zeros(1, 1, 8, 16, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="bfloat16 needs a GPU of compute capability 8.0 or more; the T4"):
+        ta.forward(q, q, q)
+    with pytest.raises(ValueError, match="bfloat16 needs"):
+        ta.backward(q, q, q, q, torch.zeros(1, 1, 8), q)

@@ -14,28 +14,32 @@ from ._draw import BLUE, ORANGE, arrow, box, diagram
 __all__ = ["block_map", "draw_block_map", "draw_program_grid", "draw_program_loop", "FIGURES"]
 
 def draw_program_grid() -> Figure:
-    """Left: the launch grid, one program per (query block, batch * head). Right: what the programs of
-    one head do over a causal 64 x 64 score matrix, blocks of 16 queries and 8 keys."""
+    """Left: the one-dimensional launch grid the kernel uses, ceil(L / block_m) * B * H programs; program pid takes
+    query block pid % ceil(L / block_m) of head pid // ceil(L / block_m). Right: what the programs of one head do
+    over a causal 128 x 128 score matrix, blocks of 32 queries and 16 keys (sizes the kernel accepts: powers of
+    2, at least 16)."""
     fig = Figure(figsize=(11.5, 4.6))
     FigureCanvasAgg(fig)
     ax_grid, ax_map = fig.subplots(1, 2, gridspec_kw=dict(width_ratios=[1, 1.25]))
-    n_m, n_bh = 4, 3
-    for m in range(n_m):
-        for bh in range(n_bh):
-            ax_grid.add_patch(Rectangle((m, bh), 0.92, 0.92, facecolor=ORANGE if bh == 0 else "#F5D79E",
-                                        edgecolor="#333333"))
-            ax_grid.text(m + 0.46, bh + 0.46, f"({m}, {bh})", ha="center", va="center", fontsize=9)
-    ax_grid.set_xlim(-0.1, n_m)
-    ax_grid.set_ylim(n_bh, -0.1)
+    n_m, n_bh = 4, 3                                  # query blocks per head, heads (B * H)
+    for pid in range(n_m * n_bh):
+        m, head = pid % n_m, pid // n_m
+        row, col = divmod(pid, 4)
+        ax_grid.add_patch(Rectangle((col, row), 0.92, 0.92, facecolor=ORANGE if head == 0 else "#F5D79E",
+                                    edgecolor="#333333"))
+        ax_grid.text(col + 0.46, row + 0.3, f"pid {pid}", ha="center", va="center", fontsize=9, weight="bold")
+        ax_grid.text(col + 0.46, row + 0.62, f"block {m}, head {head}", ha="center", va="center", fontsize=7.5)
+    ax_grid.set_xlim(-0.1, 4)
+    ax_grid.set_ylim(n_m * n_bh / 4, -0.1)
     ax_grid.set_aspect("equal")
-    ax_grid.set_xticks([m + 0.46 for m in range(n_m)], [f"{m}" for m in range(n_m)])
-    ax_grid.set_yticks([bh + 0.46 for bh in range(n_bh)], [f"{bh}" for bh in range(n_bh)])
-    ax_grid.set_xlabel("tl.program_id(0): query block (L / block_m of them)")
-    ax_grid.set_ylabel("tl.program_id(1): batch x head")
-    ax_grid.set_title("grid = (ceil(L / block_m), B * H): every program runs the same code\n"
-                      "on its own block of queries, all at once on a GPU", fontsize=9)
-    draw_block_map(ax_map, 64, 64, 16, 8, True)
-    ax_map.set_title("the four programs of head 0, causal, L = S = 64, block_m = 16, block_n = 8:\n"
+    ax_grid.set_xticks([])
+    ax_grid.set_yticks([])
+    ax_grid.set_xlabel("tl.program_id(0) = pid, one grid axis (drawn in rows of 4);\n"
+                       "causal, a head's order is reversed: its busiest, last block runs first", fontsize=9)
+    ax_grid.set_title("grid = (ceil(L / block_m) * B * H,) = (12,): query block pid % 4 of head pid // 4;\n"
+                      "one head's programs are neighbours, all run the same code at once", fontsize=9)
+    draw_block_map(ax_map, 128, 128, 32, 16, True)
+    ax_map.set_title("the four programs of head 0, causal, L = S = 128, block_m = 32, block_n = 16:\n"
                      "each walks its row of key blocks, left to right", fontsize=9)
     fig.tight_layout()
     return fig
