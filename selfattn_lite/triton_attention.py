@@ -42,7 +42,7 @@ import os
 import torch
 from torch import Tensor
 
-from ._checks import check_bool, check_int, check_positive_int, shape_str
+from ._checks import check_bool, check_choice, check_int, check_positive_int, is_int, shape_str
 from .efficient import LOG2_E
 
 HAVE_TRITON = importlib.util.find_spec("triton") is not None   # False on macOS, Windows: no Triton wheel
@@ -186,6 +186,47 @@ for _cc, _limits in GPU_LIMITS.items():
     _limits.update(regs_per_sm=65_536, regs_per_thread=255, threads_per_block=1_024, tensor_cores=_cc >= 80)
 
 
+_KERNELS = ("attn_fwd_kernel", "attn_bwd_preprocess_kernel", "attn_bwd_dkdv_kernel", "attn_bwd_dq_kernel")
+_INSTRUCTIONS = ("wgmma", "mma.sync", "fma")
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _check_limits(limits) -> dict:
+    """limits, if it is a dict like ``GPU_LIMITS``' entries (a ``capability`` of two ints at least); else ValueError."""
+    cap = limits.get("capability") if isinstance(limits, dict) else None
+    if not (isinstance(cap, tuple) and len(cap) == 2 and all(is_int(c) for c in cap)):
+        got = type(limits).__name__ if not isinstance(limits, dict) else f"capability={cap!r}"
+        raise ValueError(f"limits must be a dict like GPU_LIMITS[cc] (gpu_limits, device_limits), with a capability "
+                         f"(major, minor); got {got}")
+    for key in ("smem_per_block", "regs_per_sm", "regs_per_thread", "threads_per_block"):
+        if key in limits:
+            check_positive_int(f"limits[{key!r}]", limits[key])
+    return limits
+
+
+def _check_launch(kernel=None, config=None, dtype=None, D=None, *, atomic=None, instruction=None) -> None:
+    """The common arguments of the launch-planning functions, each checked when given."""
+    if kernel is not None:
+        check_choice("kernel", kernel, _KERNELS)
+    if config is not None:
+        if not isinstance(config, dict):
+            raise ValueError(f"config must be a dict of BLOCK_M, BLOCK_N, num_warps, num_stages, got "
+                             f"{type(config).__name__}")
+        for key in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages"):
+            if key not in config:
+                raise ValueError(f"config needs {key!r}, got keys {sorted(config)}")
+            check_positive_int(f"config[{key!r}]", config[key])
+    if dtype is not None:
+        if dtype not in _DTYPES:
+            raise ValueError(f"dtype must be one of torch.float16, torch.bfloat16, torch.float32, got {dtype!r}")
+    if D is not None:
+        check_positive_int("D", D)
+    if atomic is not None:
+        check_bool("atomic", atomic)
+    if instruction is not None:
+        check_choice("instruction", instruction, _INSTRUCTIONS)
+
+
 def gpu_limits(props) -> dict:
     """The limits a launch must fit, read off a CUDA device's properties (``torch.cuda.get_device_properties``):
     name, capability, shared memory per block (opt-in), registers per SM, multiprocessors; the same keys as
@@ -227,6 +268,7 @@ def matmul_instruction(limits: dict) -> str:
 
     Taught in notebook 15, "On a GPU".
     """
+    _check_limits(limits)
     cc = _cc(limits)
     return "wgmma" if 90 <= cc < 100 else "mma.sync" if cc >= 80 else "fma"
 
@@ -237,6 +279,8 @@ def precision_for(limits: dict, dtype: torch.dtype) -> str:
 
     Taught in notebook 15, "On a GPU".
     """
+    _check_limits(limits)
+    _check_launch(dtype=dtype)
     del dtype
     return "tf32" if _cc(limits) >= 80 else "ieee"
 
@@ -247,6 +291,9 @@ def tma_for(limits: dict, dtype: torch.dtype, D: int) -> bool:
 
     Taught in notebook 15, "On a GPU".
     """
+    _check_limits(limits)
+    _check_launch(dtype=dtype, D=D)
+    D = int(D)
     return _cc(limits) >= 90 and dtype in (torch.bfloat16, torch.float16) and (D * 2) % 16 == 0
 
 
@@ -276,6 +323,8 @@ def smem_estimate(kernel: str, config: dict, dtype: torch.dtype, D: int, *, atom
 
     Taught in notebook 15, "On a GPU".
     """
+    _check_launch(kernel, config, dtype, D, atomic=atomic, instruction=instruction)
+    D = int(D)
     if kernel == "attn_bwd_preprocess_kernel":
         return SMEM_SLACK
     bm, bn, bd = config["BLOCK_M"], config["BLOCK_N"], _block_d(D)
@@ -311,6 +360,9 @@ def config_fits(kernel: str, config: dict, limits: dict, dtype: torch.dtype, D: 
 
     Taught in notebook 15, "On a GPU".
     """
+    _check_limits(limits)
+    _check_launch(kernel, config, dtype, D, atomic=atomic)
+    D = int(D)
     paths = config.get("fp32_paths", config.get("paths", {})) if dtype == torch.float32 else config.get("paths", {})
     if D > paths.get(matmul_instruction(limits), 0):
         return False
@@ -329,6 +381,8 @@ def expected_instruction(kernel: str, config: dict, limits: dict, *, atomic: boo
 
     Taught in notebook 15, "On a GPU".
     """
+    _check_limits(limits)
+    _check_launch(kernel, config, atomic=atomic)
     instruction = matmul_instruction(limits)
     if instruction == "wgmma" and _min_dot_rows(kernel, config, atomic) < 64:
         return "mma.sync"
@@ -342,6 +396,9 @@ def kept_configs(kernel: str, limits: dict, dtype: torch.dtype, D: int, *, atomi
 
     Taught in notebook 15, "On a GPU".
     """
+    _check_limits(limits)
+    _check_launch(kernel, None, dtype, D, atomic=atomic)
+    D = int(D)
     return [dict(c) for c in _candidates(kernel, atomic) if config_fits(kernel, c, limits, dtype, D, atomic=atomic)]
 
 
@@ -351,6 +408,9 @@ def dq_methods_for(limits: dict, dtype: torch.dtype, D: int) -> tuple[str, ...]:
 
     Taught in notebook 15, "On a GPU".
     """
+    _check_limits(limits)
+    _check_launch(dtype=dtype, D=D)
+    D = int(D)
     fits = dict(recompute=bool(kept_configs("attn_bwd_dkdv_kernel", limits, dtype, D) and
                                kept_configs("attn_bwd_dq_kernel", limits, dtype, D)),
                 atomic=bool(kept_configs("attn_bwd_dkdv_kernel", limits, dtype, D, atomic=True)))

@@ -55,6 +55,14 @@ class Case:
     mutate: bool = True                           # False: the valid call only (a loader reading files)
 
 
+def fake_props():
+    """What torch.cuda.get_device_properties returns, for an RTX 4090 (the fields gpu_limits reads)."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(name="NVIDIA GeForce RTX 4090", major=8, minor=9, shared_memory_per_block_optin=101_376,
+                           regs_per_multiprocessor=65_536, multi_processor_count=128, total_memory=24 * 2**30)
+
+
 def C(make, **options) -> Case:
     return Case(make, **options)
 
@@ -423,6 +431,28 @@ def cases() -> dict[str, Case]:
         "recurrent.selective_scan_weights": C(lambda: (recurrent.selective_scan_weights,
                                                        [scan["delta"], scan["A"], scan["B"], scan["C"]], {})),
         # ------------------------------------------------------------------ triton_attention
+        "triton_attention.gpu_limits": C(lambda: (triton_attention.gpu_limits, [fake_props()], {}), mutate=False),
+        "triton_attention.matmul_instruction": C(lambda: (triton_attention.matmul_instruction,
+                                                          [dict(triton_attention.GPU_LIMITS[80])], {})),
+        "triton_attention.expected_instruction": C(lambda: (triton_attention.expected_instruction,
+                                                            ["attn_fwd_kernel", dict(triton_attention.FWD_CONFIGS[0]),
+                                                             dict(triton_attention.GPU_LIMITS[90])], {})),
+        "triton_attention.precision_for": C(lambda: (triton_attention.precision_for,
+                                                     [dict(triton_attention.GPU_LIMITS[80]), torch.float32], {})),
+        "triton_attention.tma_for": C(lambda: (triton_attention.tma_for,
+                                               [dict(triton_attention.GPU_LIMITS[90]), torch.bfloat16, 64], {})),
+        "triton_attention.smem_estimate": C(lambda: (triton_attention.smem_estimate,
+                                                     ["attn_fwd_kernel", dict(triton_attention.FWD_CONFIGS[0]),
+                                                      torch.bfloat16, 64], {})),
+        "triton_attention.config_fits": C(lambda: (triton_attention.config_fits,
+                                                   ["attn_fwd_kernel", dict(triton_attention.FWD_CONFIGS[0]),
+                                                    dict(triton_attention.GPU_LIMITS[86]), torch.float16, 64], {})),
+        "triton_attention.kept_configs": C(lambda: (triton_attention.kept_configs,
+                                                    ["attn_bwd_dkdv_kernel", dict(triton_attention.GPU_LIMITS[75]),
+                                                     torch.float16, 128], {})),
+        "triton_attention.dq_methods_for": C(lambda: (triton_attention.dq_methods_for,
+                                                      [dict(triton_attention.GPU_LIMITS[90]), torch.bfloat16, 128],
+                                                      {})),
         "triton_attention.available": C(lambda: (triton_attention.available, [], {})),
         "triton_attention.interpreting": C(lambda: (triton_attention.interpreting, [], {})),
         "triton_attention.best_device": C(lambda: (triton_attention.best_device, [], {})),
@@ -560,6 +590,8 @@ def pitfall_cases(q, k, v) -> dict[str, Case]:
 
 
 NOT_FUZZED = {
+    "triton_attention.device_limits": "reads the CUDA device's properties (or compile_only's architecture): "
+                                      "no argument but an optional device, which torch checks",
     **{f"triton_kernels.{name}": "a @triton.jit kernel: it runs only inside a launch, on checked arguments"
        for name in ("dot", "load_rows", "load_block", "store_block", "attn_fwd_inner", "attn_fwd_kernel",
                     "attn_bwd_preprocess_kernel", "attn_bwd_dkdv_inner", "attn_bwd_dkdv_kernel", "attn_bwd_dq_inner",
