@@ -47,6 +47,11 @@ def safe_softmax(scores: Tensor, dim: int = -1) -> Tensor:
     (and so a zero output) there, and so do we. The row is replaced by zeros *before*
     the softmax too, so no NaN flows back through it in the backward pass either.
 
+    When no row is fully masked (the usual case) it is a plain ``torch.softmax``, so autograd keeps
+    the weights once, as the same tensor the next matrix product keeps (notebook 11, "What SDPA
+    keeps"). With a fully masked row the guard's ``masked_fill`` makes a copy, and the graph keeps
+    the softmax's result and the filled weights apart: two (..., L, S) tensors.
+
     Taught in notebook 03, "A query with nothing to look at".
     """
     check_tensor("scores", scores, floating=True)
@@ -54,6 +59,8 @@ def safe_softmax(scores: Tensor, dim: int = -1) -> Tensor:
         raise ValueError("scores must have at least 1 dim, got a 0-dim tensor")
     check_int("dim", dim, low=-scores.dim(), high=scores.dim() - 1)
     fully_masked = torch.isneginf(scores).all(dim=dim, keepdim=True)
+    if not fully_masked.any():                       # no guard needed: one tensor of weights, not two
+        return torch.softmax(scores, dim=dim)
     weights = torch.softmax(scores.masked_fill(fully_masked, 0.0), dim=dim)
     return weights.masked_fill(fully_masked, 0.0)
 

@@ -1,5 +1,6 @@
-"""Checkers for notebook 11: the softmax Jacobian, the gradient of V, FlashAttention's row term D, and
-one causal tile of FlashAttention's backward pass (with the mask and the skip)."""
+"""Checkers for notebook 11: the softmax's backward with a temperature, the gradient of a learned additive
+bias, one tile of weights recomputed from the log-sum-exp (fully masked rows included), and one causal tile
+of FlashAttention's backward pass (with the mask and the skip)."""
 
 from __future__ import annotations
 
@@ -10,100 +11,133 @@ import torch.nn.functional as F
 
 from . import ExerciseError, NotAttempted, attempt, close, not_attempted, passed, require_tensor
 
-__all__ = ["check_softmax_jacobian", "check_grad_v", "check_row_term", "check_causal_tile_backward",
-           "causal_tile", "CAUSAL_TILE_MISTAKES"]
+__all__ = ["check_temperature_softmax_backward", "check_bias_grad", "check_recompute_weights",
+           "check_causal_tile_backward", "causal_tile", "CAUSAL_TILE_MISTAKES"]
 
 
-def check_softmax_jacobian(fn) -> None:
-    """``fn(p) -> (n, n)``: the Jacobian dp_i / ds_j of p = softmax(s), given p (n,): diag(p) - p p^T."""
-    p = torch.softmax(torch.tensor([1.0, 2.0, 0.5, -1.0], dtype=torch.float64), dim=0)
-    try:
-        got = attempt(fn, p.clone())
-    except NotAttempted:
-        return not_attempted("softmax_jacobian")
-    got = require_tensor("softmax_jacobian(p)", got, (4, 4))
-    want = torch.diag(p) - torch.outer(p, p)
-    if close(got, -want):
-        raise ExerciseError("the signs are flipped: the diagonal p_i (1 - p_i) is positive, the rest -p_i p_j")
-    if close(got, torch.diag(p)):
-        raise ExerciseError("only diag(p): raising s_j also lowers every other p_i (the shared denominator), "
-                            "so subtract p p^T")
-    if close(got, -torch.outer(p, p)):
-        raise ExerciseError("only -p p^T: the diagonal also gets + p_i (from the numerator exp(s_i))")
-    if close(got, torch.diag(p * (1 - p))):
-        raise ExerciseError("only the diagonal p_i (1 - p_i): the off-diagonal entries are -p_i p_j, not 0")
-    if close(got, torch.diag(p) - p[:, None] ** 2):
-        raise ExerciseError("entry (i, j) off the diagonal is -p_i p_j, not -p_i^2: use the outer product p p^T")
-    if not close(got, want):
-        raise ExerciseError(f"expected diag(p) - p p^T; row 0 should be {[round(x, 4) for x in want[0].tolist()]}, "
-                            f"yours is {[round(x, 4) for x in torch.as_tensor(got)[0].tolist()]}")
-    p3 = torch.softmax(torch.randn(3, generator=torch.Generator().manual_seed(11), dtype=torch.float64), dim=0)
-    got3 = require_tensor("softmax_jacobian(p) for 3 tokens", attempt(fn, p3.clone()), (3, 3))
-    if not close(got3, torch.diag(p3) - torch.outer(p3, p3)):
-        raise ExerciseError("right for one p but not for another: build it from the p you are given")
-    s = torch.randn(3, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
-    autograd = torch.autograd.functional.jacobian(lambda x: torch.softmax(x, 0), s)
-    if not close(attempt(fn, torch.softmax(s, 0)), autograd):
-        raise ExerciseError("does not match torch.autograd.functional.jacobian of softmax")
-    return passed("dp/ds = diag(p) − p pᵀ, the same as torch.autograd.functional.jacobian")
+def check_temperature_softmax_backward(fn) -> None:
+    """``fn(p, dp, tau) -> ds``: p = softmax(s / tau) row by row, p and dp (L, N).
 
-
-def check_grad_v(fn) -> None:
-    """``fn(p, grad_out) -> dV``: p (L, S) attention weights, grad_out (L, Ev) = dO; dV = P^T dO, (S, Ev)."""
+    ds = p ∘ (dp − rowsum(dp ∘ p)) / tau.
+    """
     gen = torch.Generator().manual_seed(12)
-    p = torch.softmax(torch.randn(5, 5, generator=gen, dtype=torch.float64), dim=-1)     # square first
-    do = torch.randn(5, 3, generator=gen, dtype=torch.float64)
+    s = torch.randn(4, 6, generator=gen, dtype=torch.float64)                 # (L, N) scores
+    dp = torch.randn(4, 6, generator=gen, dtype=torch.float64)                # incoming dL/dp
+    tau = 0.5
+    p = torch.softmax(s / tau, dim=-1)
     try:
-        got = attempt(fn, p.clone(), do.clone())
+        got = attempt(fn, p.clone(), dp.clone(), tau)
     except NotAttempted:
-        return not_attempted("grad_v")
-    if isinstance(got, torch.Tensor) and tuple(got.shape) == (3, 5) and close(got, do.T @ p):
-        raise ExerciseError("that is (P^T dO)^T = dO^T P, shape (Ev, S): dV has V's shape (S, Ev)")
-    got = require_tensor("grad_v(p, grad_out)", got, (5, 3))
-    if close(got, p @ do):
-        raise ExerciseError("P dO uses the weights the wrong way round: value j received weight P[i, j] from "
-                            "query i, so dV[j] = sum_i P[i, j] dO[i], i.e. P^T dO")
-    if close(got, do):
-        raise ExerciseError("dO alone: each value's gradient is dO weighted by how much each query used it, P^T dO")
-    if not close(got, p.T @ do):
-        raise ExerciseError("expected dV = P^T dO")
-    p2 = torch.softmax(torch.randn(4, 6, generator=gen, dtype=torch.float64), dim=-1)  # L = 4 queries, S = 6 keys
-    do2 = torch.randn(4, 2, generator=gen, dtype=torch.float64)
-    got2 = attempt(fn, p2, do2)
-    if not (isinstance(got2, torch.Tensor) and close(got2, p2.T @ do2)):
-        raise ExerciseError("right for square P but not for L = 4 queries, S = 6 keys: dV is (S, Ev) = P^T dO")
-    return passed("dV = Pᵀ dO: each value collects dO from every query, weighted by how much that query used it")
-
-
-def check_row_term(fn) -> None:
-    """``fn(out, grad_out) -> D (L,)``: D_i = sum_e dO[i, e] O[i, e] = rowsum(dO * O)."""
-    gen = torch.Generator().manual_seed(13)
-    p = torch.softmax(torch.randn(4, 6, generator=gen, dtype=torch.float64), dim=-1)   # (L, S)
-    v = torch.randn(6, 3, generator=gen, dtype=torch.float64)                          # (S, Ev)
-    do = torch.randn(4, 3, generator=gen, dtype=torch.float64)                         # (L, Ev)
-    out = p @ v                                                                        # (L, Ev)
-    try:
-        got = attempt(fn, out.clone(), do.clone())
-    except NotAttempted:
-        return not_attempted("row_term")
-    want = (do * out).sum(-1)
-    if isinstance(got, torch.Tensor) and tuple(got.shape) == (4, 1):
-        got = got[:, 0]                                                # keepdim is fine
-    if isinstance(got, torch.Tensor) and tuple(got.shape) == (4, 4) and close(got, do @ out.T):
-        raise ExerciseError("dO O^T is the whole (L, L) matrix; D is only its diagonal: (dO * O).sum(-1)")
-    if isinstance(got, torch.Tensor) and tuple(got.shape) == (3,):
-        raise ExerciseError("you summed over the queries (dim 0); D has one entry per query: sum over the last dim")
-    if isinstance(got, torch.Tensor) and got.dim() == 0:
-        raise ExerciseError("one number for everything: D has one entry per query row, (L,)")
-    got = require_tensor("row_term(out, grad_out)", got, (4,))
-    if close(got, out.sum(-1) * do.sum(-1)):
-        raise ExerciseError("rowsum(O) * rowsum(dO) is not rowsum(dO * O): multiply elementwise first, then sum")
+        return not_attempted("temperature_softmax_backward")
+    got = require_tensor("temperature_softmax_backward(p, dp, tau)", got, (4, 6))
+    plain = p * (dp - (dp * p).sum(-1, keepdim=True))                          # the tau = 1 answer
+    if close(got, plain):
+        raise ExerciseError("that is the gradient for tau = 1: the scores enter as s / tau, so the chain rule "
+                            "multiplies by d(s / tau)/ds = 1 / tau")
+    if close(got, plain * tau):
+        raise ExerciseError("multiplied by tau: the chain rule through s / tau gives a factor 1 / tau, not tau")
+    if close(got, p * dp / tau):
+        raise ExerciseError("the row term is missing: every p in a row shares one denominator, so subtract "
+                            "rowsum(dp ∘ p) before multiplying by p")
+    if close(got, p * (dp - (dp * p).sum(0, keepdim=True)) / tau):
+        raise ExerciseError("rowsum over the queries (dim 0): the softmax runs along each row, sum over dim -1")
+    if close(got, p * (dp - (dp * p).sum()) / tau):
+        raise ExerciseError("one sum over the whole matrix: each row has its own rowsum(dp ∘ p), keepdim on dim -1")
+    s_leaf = s.clone().requires_grad_()
+    (want,) = torch.autograd.grad(torch.softmax(s_leaf / tau, dim=-1), s_leaf, dp)
     if not close(got, want):
-        raise ExerciseError("expected D = rowsum(dO * O), one number per query")
-    dp = do @ v.T                                                      # (L, S)
-    if not close(got, (dp * p).sum(-1)):                               # the identity the backward relies on
-        raise ExerciseError("D should also equal rowsum(dP * P)")
-    return passed("D = rowsum(dO ∘ O), which equals rowsum(dP ∘ P) without ever forming P")
+        raise ExerciseError("does not match autograd through softmax(s / tau); "
+                            "expected p ∘ (dp − rowsum(dp ∘ p)) / tau")
+    s2, dp2 = (torch.randn(3, 5, generator=gen, dtype=torch.float64) for _ in range(2))
+    s2_leaf = s2.clone().requires_grad_()
+    (want2,) = torch.autograd.grad(torch.softmax(s2_leaf / 2.0, dim=-1), s2_leaf, dp2)
+    got2 = attempt(fn, torch.softmax(s2 / 2.0, dim=-1), dp2.clone(), 2.0)
+    if not (isinstance(got2, torch.Tensor) and close(got2, want2)):
+        raise ExerciseError("right for tau = 0.5 but not for tau = 2 on another (3, 5) problem: "
+                            "use the tau you are given")
+    return passed("dS = P ∘ (dP − rowsum(dP ∘ P)) / τ, equal to autograd through softmax(s / τ) for τ = 0.5 and 2")
+
+
+def check_bias_grad(fn) -> None:
+    """``fn(q, k, v, bias, grad_out) -> dbias (h, L, N)``: O = softmax(scale q kᵀ + bias) v.
+
+    q (B, h, L, dk), k (B, h, N, dk), v (B, h, N, dv), grad_out (B, h, L, dv); the bias is shared by the batch,
+    so dbias = Σ_batch P ∘ (dP − rowsum(dP ∘ P)).
+    """
+    gen = torch.Generator().manual_seed(13)
+    q = torch.randn(3, 2, 4, 8, generator=gen, dtype=torch.float64)           # (B, h, L, dk)
+    k = torch.randn(3, 2, 5, 8, generator=gen, dtype=torch.float64)           # (B, h, N, dk)
+    v = torch.randn(3, 2, 5, 6, generator=gen, dtype=torch.float64)           # (B, h, N, dv)
+    bias = torch.randn(2, 4, 5, generator=gen, dtype=torch.float64)           # (h, L, N) learned
+    do = torch.randn(3, 2, 4, 6, generator=gen, dtype=torch.float64)          # (B, h, L, dv)
+    try:
+        got = attempt(fn, q.clone(), k.clone(), v.clone(), bias.clone(), do.clone())
+    except NotAttempted:
+        return not_attempted("bias_grad")
+    scale = 1 / math.sqrt(8)
+    p = torch.softmax(scale * q @ k.transpose(-2, -1) + bias, dim=-1)         # (B, h, L, N)
+    dp = do @ v.transpose(-2, -1)
+    ds = p * (dp - (dp * p).sum(-1, keepdim=True))                            # (B, h, L, N)
+    if isinstance(got, torch.Tensor) and tuple(got.shape) == (3, 2, 4, 5):
+        raise ExerciseError("one gradient per batch element, (B, h, L, N): the bias is shared by the whole batch, "
+                            "so its gradient is dS summed over the batch dimension, (h, L, N)")
+    got = require_tensor("bias_grad(q, k, v, bias, grad_out)", got, (2, 4, 5))
+    if close(got, ds.mean(0)):
+        raise ExerciseError("the mean over the batch: a tensor used B times gets the SUM of its B gradients")
+    if close(got, scale * ds.sum(0)):
+        raise ExerciseError("multiplied by scale: the bias is added after the scaling, so dbias = dS (summed), "
+                            "with no scale; scale belongs to dQ and dK only")
+    if close(got, (p * dp).sum(0)):
+        raise ExerciseError("the row term is missing: dS = P ∘ (dP − rowsum(dP ∘ P)), not P ∘ dP")
+    if close(got, dp.sum(0)):
+        raise ExerciseError("dP is the gradient of the weights, not of the scores: go through the softmax, "
+                            "dS = P ∘ (dP − rowsum(dP ∘ P))")
+    leaves = [t.clone().requires_grad_() for t in (q, k, v, bias)]
+    out = F.scaled_dot_product_attention(*leaves[:3], attn_mask=leaves[3])     # a float mask is added to the scores
+    want = torch.autograd.grad(out, leaves[3], do)[0]
+    if not close(got, want):
+        raise ExerciseError("does not match autograd's gradient of a float attn_mask in torch's SDPA; "
+                            "expected dS summed over the batch")
+    return passed("dbias = Σ over the batch of P ∘ (dP − rowsum(dP ∘ P)), the same as autograd through "
+                  "torch's SDPA with the bias as a float attn_mask")
+
+
+def check_recompute_weights(fn) -> None:
+    """``fn(s, lse) -> p``: one tile of weights from its masked scores s (Bq, Bk) and the rows' saved lse (Bq,),
+    0 (not NaN) on a row whose every key is masked (lse = −inf)."""
+    gen = torch.Generator().manual_seed(14)
+    full = torch.randn(4, 10, generator=gen, dtype=torch.float64)             # (L, N): the whole rows
+    allowed = torch.rand(4, 10, generator=gen) > 0.3
+    allowed[2] = False                                                        # query 2 sees no key at all
+    allowed[0, :4] = False                                                    # query 0 sees nothing in this tile
+    allowed[0, 5] = True
+    full = full.masked_fill(~allowed, float("-inf"))
+    lse = torch.logsumexp(full, dim=-1)                                       # (L,), -inf on row 2
+    s = full[:, :4].clone()                                                   # one tile: the first 4 keys
+    try:
+        got = attempt(fn, s.clone(), lse.clone())
+    except NotAttempted:
+        return not_attempted("recompute_weights")
+    got = require_tensor("recompute_weights(s, lse)", got, (4, 4))
+    want = torch.softmax(full.masked_fill(~allowed.any(-1, keepdim=True), 0.0), dim=-1)[:, :4]
+    want = want.masked_fill(~allowed.any(-1, keepdim=True), 0.0)              # the full row's softmax, this tile
+    if close(got[[1, 3]], torch.softmax(s[[1, 3]], dim=-1)):
+        raise ExerciseError("a softmax over this tile normalises over its 4 keys only; the row goes on in other "
+                            "tiles, which is why the forward saved lse: P = exp(s − lse)")
+    if got.isnan().any():
+        rows = sorted({int(i) for i in got.isnan().nonzero()[:, 0]})
+        raise ExerciseError(f"NaN on row {rows}: a query that sees no key has lse = −inf, and s − lse = −inf − (−inf) "
+                            "is NaN; give such a row P = 0 (torch.where, or replace its lse by 0 before subtracting)")
+    if close(got, torch.exp(s)):
+        raise ExerciseError("exp(s) alone is not normalised: subtract the row's saved lse, P = exp(s − lse)")
+    if got[2].any():
+        raise ExerciseError("row 2 sees no key at all (lse = −inf): its weights must all be 0")
+    if not close(got, want):
+        bad = sorted({int(i) for i in (got - want).abs().gt(1e-6).nonzero()[:, 0]})
+        raise ExerciseError(f"rows {bad} differ from exp(s − lse); a row with every key masked in this tile but "
+                            "some key elsewhere (row 0) is 0 here too, and only a row with lse = −inf needs the guard")
+    return passed("P = exp(s − lse) from the saved log-sum-exp, the whole row's softmax on this tile, and 0 "
+                  "(no NaN) on a fully masked row")
 
 
 # ----------------------------------------------------------------------------- one causal tile of the backward
@@ -149,7 +183,7 @@ def causal_tile(q, k, v, out, grad_out, lse, q_start, k_start, scale, *, mistake
 
 CAUSAL_TILE_MISTAKES = {
     "no_D": "D is missing: you used dP alone; the softmax's gradient is dS = P ∘ (dP − D), with "
-            "D = rowsum(dO ∘ O) computed from the out and grad_out you are given (exercise 3)",
+            "D = rowsum(dO ∘ O) computed from the out and grad_out you are given",
     "tile_rowsum": "you subtracted this tile's own rowsum(dP ∘ P); the softmax's row term runs over the whole "
                    "row (every key tile), which is D = rowsum(dO ∘ O), computed from out and grad_out",
     "no_mask": "the mask is not applied: on a tile that straddles the diagonal, the keys after a query "

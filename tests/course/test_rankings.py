@@ -6,8 +6,8 @@ JSON training records), with plain tensor arithmetic rather than the helpers the
 * notebook 12, paired over the evaluation windows: the mean of the per-window differences must exceed
   their standard deviation for a ranking ("<" or ">"), and must not for a pair the notebook calls
   "indistinguishable here" ("~");
-* notebook 11, over the training seeds: the difference of the means must exceed the sum of the two
-  standard deviations (the error bars do not overlap) for a ranking, and must not for "~".
+* notebook 11, paired over the training seeds (the same batches for every variant with one seed): a
+  ranking needs the same sign with all three seeds and a paired t beyond Student's 5% point (2 dof).
 """
 
 import json
@@ -108,28 +108,47 @@ def seed_losses(stem: str) -> torch.Tensor:
     return torch.tensor(losses, dtype=torch.float64)
 
 
-# "~": not ranked (the difference is within the two error bars together); "trend": not ranked, but larger
-# than either error bar alone ("not resolved with 3 seeds"); "noise": smaller than the larger error bar
-NB11_CLAIMS = [("MQA", "MHA", "trend"), ("MQA", "GQA", "noise"), ("GQA", "MHA", "noise")]
+T_CRIT_2DOF = 4.302652729749464    # Student's t, 2 degrees of freedom, two-sided 5% point (a t table's 4.303)
+
+# paired over the seeds (seed s gives every variant the same batches): "ranked" when all three per-seed
+# differences share a sign and the paired t exceeds the 5% point; "apart" = "cannot be told apart"
+NB11_CLAIMS = [("MQA", "MHA", "ranked"), ("GQA", "MHA", "apart"), ("MQA", "GQA", "apart")]
+
+
+def paired_t(diffs: list) -> float:
+    """mean / (sd / sqrt(n)), sd with n - 1: written out, not through torch."""
+    n = len(diffs)
+    mean = sum(diffs) / n
+    sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1))
+    return mean / (sd / math.sqrt(n))
+
+
+def test_t_critical_value_is_the_closed_form_for_two_degrees_of_freedom():
+    # for 2 dof the CDF is 1/2 + t / (2 sqrt(2 + t^2)); the notebook's closed form, solved for P(|T| > t) = 0.05
+    t = T_CRIT_2DOF
+    assert 1 - t / math.sqrt(2 + t * t) == pytest.approx(0.05, abs=1e-12)
+    assert 0.95 * math.sqrt(2 / (1 - 0.95**2)) == pytest.approx(t, abs=1e-12)
+
+
+def test_the_seeds_share_their_batches():
+    from selfattn_lite.course.train_tiny import batches
+    ids = torch.arange(1000)
+    for seed in SEEDS:                      # the batches depend on the seed and the data only, not the model
+        a, b = (batches(ids, 8, 64, torch.Generator().manual_seed(seed)) for _ in range(2))
+        assert all(torch.equal(next(a), next(b)) for _ in range(5))
 
 
 @pytest.mark.parametrize("a, b, claim", NB11_CLAIMS, ids=lambda x: x)
-def test_nb11_rankings_are_larger_than_the_seed_error_bars(a, b, claim):
-    la, lb = seed_losses(STEMS[a]), seed_losses(STEMS[b])
-    diff = sum(la.tolist()) / 3 - sum(lb.tolist()) / 3
-    sds = [math.sqrt(sum((x - sum(t.tolist()) / 3) ** 2 for x in t.tolist()) / 2) for t in (la, lb)]   # n - 1
-    assert verdict(diff, sum(sds)) == "~", f"{a} - {b}: {diff:+.4f}, error bars together {sum(sds):.4f}"
-    assert (abs(diff) > max(sds)) == (claim == "trend"), f"{a} - {b}: {diff:+.4f}, larger error bar {max(sds):.4f}"
-    if claim == "trend":
-        assert diff > 0                                                        # MQA trends worse, not better
-
-
-def test_nb11_mqa_is_worst_with_two_of_three_seeds_and_the_order_changes():
-    losses = torch.stack([seed_losses(stem) for stem in STEMS.values()])       # (3 variants, 3 seeds)
-    worst = [max(range(3), key=lambda v: losses[v, k].item()) for k in range(len(SEEDS))]
-    assert worst.count(list(STEMS).index("MQA")) == 2                          # "worst with 2 of the 3 seeds"
-    orders = {tuple(losses[:, k].argsort().tolist()) for k in range(len(SEEDS))}
-    assert len(orders) > 1                                                     # the order changes with the seed
+def test_nb11_paired_seed_comparisons(a, b, claim):
+    diffs = [x - y for x, y in zip(seed_losses(STEMS[a]).tolist(), seed_losses(STEMS[b]).tolist(), strict=True)]
+    t = paired_t(diffs)
+    same_sign = max(sum(d > 0 for d in diffs), sum(d < 0 for d in diffs))
+    ranked = same_sign == 3 and abs(t) > T_CRIT_2DOF
+    assert ranked == (claim == "ranked"), f"{a} - {b}: {diffs}, t = {t:.2f}, notebook says {claim}"
+    if claim == "ranked":                                   # "worse with 3 of 3 seeds by about 0.03 nats"
+        assert all(d > 0 for d in diffs) and 0.02 < sum(diffs) / 3 < 0.04
+    else:
+        assert same_sign < 3 and abs(t) < T_CRIT_2DOF      # the sign changes with the seed
 
 
 # ------------------------------------------------------------------ notebook 12: attention entropy

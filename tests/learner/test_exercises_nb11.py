@@ -14,71 +14,80 @@ def stub(*args, **kwargs):
 RIGHT = {}          # test id -> (checker, a right answer); each exercise below adds its own
 
 
-# ----------------------------------------------------------------------------- softmax_jacobian
+# ----------------------------------------------------------------------------- temperature_softmax_backward
 
-def jacobian_right(p):
-    return torch.diag(p) - torch.outer(p, p)
-
-
-RIGHT["softmax_jacobian"] = nb11.check_softmax_jacobian, jacobian_right
+def temperature_right(p, dp, tau):
+    return p * (dp - (dp * p).sum(-1, keepdim=True)) / tau
 
 
-FIXED = torch.eye(4, dtype=torch.float64)
+RIGHT["temperature_softmax_backward"] = nb11.check_temperature_softmax_backward, temperature_right
 
 
 @pytest.mark.parametrize("wrong,fragment", [
-    (lambda p: torch.outer(p, p) - torch.diag(p), "signs are flipped"),
-    (lambda p: torch.diag(p), "only diag(p)"),
-    (lambda p: -torch.outer(p, p), "only -p p^T"),
-    (lambda p: torch.diag(p * (1 - p)), "off-diagonal"),
-    (lambda p: torch.diag(p) - p[:, None] ** 2, "outer product"),
-    (lambda p: torch.diag(p) - torch.outer(p, p) + 0.1, "expected diag(p) - p p^T"),
-    (lambda p: torch.diag(p)[:2], "shape (4, 4)"),
-    (lambda p: FIXED if len(p) == 4 else torch.zeros(3, 3), "expected"),
+    (lambda p, dp, tau: p * (dp - (dp * p).sum(-1, keepdim=True)), "tau = 1"),
+    (lambda p, dp, tau: p * (dp - (dp * p).sum(-1, keepdim=True)) * tau, "not tau"),
+    (lambda p, dp, tau: p * dp / tau, "row term is missing"),
+    (lambda p, dp, tau: p * (dp - (dp * p).sum(0, keepdim=True)) / tau, "dim 0"),
+    (lambda p, dp, tau: p * (dp - (dp * p).sum()) / tau, "whole matrix"),
+    (lambda p, dp, tau: (torch.diag_embed(p) - p[..., :, None] * p[..., None, :]) @ dp[..., None], "shape (4, 6)"),
+    (lambda p, dp, tau: temperature_right(p, dp, tau) + 0.1, "does not match autograd"),
+    (lambda p, dp, tau: temperature_right(p, dp, 0.5), "tau = 2"),
 ])
-def test_softmax_jacobian_diagnoses(wrong, fragment):
-    expect_error(nb11.check_softmax_jacobian, wrong, fragment)
+def test_temperature_softmax_backward_diagnoses(wrong, fragment):
+    expect_error(nb11.check_temperature_softmax_backward, wrong, fragment)
 
 
-def test_softmax_jacobian_hard_coded_answer():
-    p = torch.softmax(torch.tensor([1.0, 2.0, 0.5, -1.0], dtype=torch.float64), dim=0)
-    memorised = jacobian_right(p)
-    expect_error(nb11.check_softmax_jacobian, lambda q: memorised if len(q) == 4 else torch.zeros(3, 3),
-                 "another")
+# ----------------------------------------------------------------------------- bias_grad
+
+def bias_ds(q, k, v, bias, do):
+    """(B, h, L, N) dS written out, independently of the checker."""
+    p = torch.softmax(q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5 + bias, dim=-1)
+    dp = do @ v.transpose(-2, -1)
+    return p, dp, p * (dp - (p * dp).sum(-1, keepdim=True))
 
 
-# ----------------------------------------------------------------------------- grad_v
+RIGHT["bias_grad"] = nb11.check_bias_grad, lambda *args: bias_ds(*args)[2].sum(0)
 
-RIGHT["grad_v"] = nb11.check_grad_v, lambda p, do: p.T @ do
+
+def bias_autograd(q, k, v, bias, do):                     # another right answer: autograd through the explicit formula
+    bias = bias.clone().requires_grad_()
+    out = torch.softmax(q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5 + bias, dim=-1) @ v
+    return torch.autograd.grad(out, bias, do)[0]
+
+
+RIGHT["bias_grad_autograd"] = nb11.check_bias_grad, bias_autograd
 
 
 @pytest.mark.parametrize("wrong,fragment", [
-    (lambda p, do: p @ do, "wrong way round"),
-    (lambda p, do: do.T @ p, "V's shape"),
-    (lambda p, do: do.clone(), "dO alone"),
-    (lambda p, do: 2 * p.T @ do, "expected dV = P^T dO"),
-    (lambda p, do: p.T @ do if p.shape[0] == p.shape[1] else torch.zeros(6, 2), "L = 4 queries"),
+    (lambda *args: bias_ds(*args)[2], "shared by the whole batch"),
+    (lambda *args: bias_ds(*args)[2].mean(0), "SUM"),
+    (lambda *args: bias_ds(*args)[2].sum(0) / args[0].shape[-1] ** 0.5, "multiplied by scale"),
+    (lambda *args: (bias_ds(*args)[0] * bias_ds(*args)[1]).sum(0), "row term is missing"),
+    (lambda *args: bias_ds(*args)[1].sum(0), "go through the softmax"),
+    (lambda *args: bias_ds(*args)[2].sum(0) * 1.1, "does not match autograd"),
 ])
-def test_grad_v_diagnoses(wrong, fragment):
-    expect_error(nb11.check_grad_v, wrong, fragment)
+def test_bias_grad_diagnoses(wrong, fragment):
+    expect_error(nb11.check_bias_grad, wrong, fragment)
 
 
-# ----------------------------------------------------------------------------- row_term
+# ----------------------------------------------------------------------------- recompute_weights
 
-RIGHT["row_term"] = nb11.check_row_term, lambda out, do: (do * out).sum(-1)
-RIGHT["row_term_keepdim"] = nb11.check_row_term, lambda out, do: (do * out).sum(-1, keepdim=True)
+RIGHT["recompute_weights"] = nb11.check_recompute_weights, lambda s, lse: torch.where(
+    torch.isneginf(lse)[:, None], 0.0, torch.exp(s - lse[:, None]))
+RIGHT["recompute_weights_lse_zeroed"] = nb11.check_recompute_weights, lambda s, lse: torch.exp(
+    s - lse.masked_fill(torch.isneginf(lse), 0.0)[:, None])
 
 
 @pytest.mark.parametrize("wrong,fragment", [
-    (lambda out, do: do @ out.T, "only its diagonal"),
-    (lambda out, do: (do * out).sum(0), "summed over the queries"),
-    (lambda out, do: (do * out).sum(), "one number for everything"),
-    (lambda out, do: out.sum(-1) * do.sum(-1), "multiply elementwise first"),
-    (lambda out, do: (do * out).mean(-1), "expected D = rowsum(dO * O)"),
-    (lambda out, do: [1.0, 2.0, 3.0, 4.0], "torch.Tensor"),
+    (lambda s, lse: torch.exp(s - lse[:, None]), "NaN on row [2]"),
+    (lambda s, lse: torch.exp(s), "not normalised"),
+    (lambda s, lse: torch.softmax(s, dim=-1), "over this tile"),
+    (lambda s, lse: torch.where(torch.isneginf(lse)[:, None], 1.0, torch.exp(s - lse[:, None])), "row 2 sees no key"),
+    (lambda s, lse: torch.exp(s - lse[:, None]).nan_to_num() * 1.1, "differ from exp(s − lse)"),
+    (lambda s, lse: torch.exp(s - lse[:, None]).nan_to_num()[:3], "shape (4, 4)"),
 ])
-def test_row_term_diagnoses(wrong, fragment):
-    expect_error(nb11.check_row_term, wrong, fragment)
+def test_recompute_weights_diagnoses(wrong, fragment):
+    expect_error(nb11.check_recompute_weights, wrong, fragment)
 
 
 # ----------------------------------------------------------------------------- one causal tile of the backward

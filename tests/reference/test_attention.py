@@ -174,6 +174,40 @@ def test_safe_softmax():
     torch.testing.assert_close(safe_softmax(scores), torch.tensor([[1.0, 0.0], [0.0, 0.0]]))
 
 
+def saved_weights(out: torch.Tensor, shape: tuple) -> list:
+    """Every floating tensor of ``shape`` that the autograd graph behind ``out`` keeps for the backward."""
+    found, todo, seen = [], [out.grad_fn], set()
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        found += [getattr(node, name) for name in dir(node) if name.startswith("_saved_")
+                  and isinstance(getattr(node, name), torch.Tensor) and getattr(node, name).is_floating_point()
+                  and getattr(node, name).numel() == math.prod(shape)]
+        todo.extend(parent for parent, _ in node.next_functions)
+    return found
+
+
+def test_explicit_attention_keeps_the_weights_once_without_fully_masked_rows():
+    q, k, v = (torch.randn(2, 3, 5, 4, requires_grad=True) for _ in range(3))
+    out, weights = sdpa(q, k, v, is_causal=True)
+    kept = saved_weights(out, (2, 3, 5, 5))                   # softmax's result and the product's P
+    assert len(kept) == 2 and all(torch.equal(t.reshape(weights.shape), weights) for t in kept)
+    assert len({t.untyped_storage().data_ptr() for t in kept}) == 1          # one storage: P kept once
+
+
+def test_explicit_attention_with_a_fully_masked_row_keeps_two_copies_and_gives_zero_gradient():
+    q, k, v = (torch.randn(1, 5, 4, requires_grad=True) for _ in range(3))
+    mask = torch.ones(5, 5, dtype=torch.bool)
+    mask[2] = False
+    out, weights = sdpa(q, k, v, attn_mask=mask)
+    storages = {t.untyped_storage().data_ptr() for t in saved_weights(out, (1, 5, 5))}
+    assert len(storages) == 2                                                 # the guard's copy (docstring)
+    out.sum().backward()
+    assert not weights[:, 2].any() and q.grad[:, 2].abs().max() == 0 and not q.grad.isnan().any()
+
+
 # ---- bad input: a ValueError that names the shapes ----
 
 @pytest.mark.parametrize("q_shape, k_shape, v_shape, kwargs, match", [
