@@ -31,17 +31,24 @@ class Counters:
     shapes every call exchanges first). ``scores`` counts (query row, key row) pairs computed,
     per batch-head (a masked pair inside a computed tile counts; a skipped tile does not).
     ``kv_held`` is the most bytes of K/V blocks the ring forward held at once (``hold``).
+    ``by_tensor``: the same bytes again, per tensor sent, where the sender names it (Ulysses: "q", "k",
+    "v", "out" in the forward, "dq", "dk", "dv", "dout" in the backward).
     """
 
     sent: dict = field(default_factory=dict)
+    by_tensor: dict = field(default_factory=dict)
     scores: int = 0
     kv_held: int = 0
 
-    def add(self, kind: str, nbytes: int) -> None:
+    def add(self, kind: str, nbytes: int, tensor: str | None = None) -> None:
         if not isinstance(kind, str):
             raise ValueError(f"kind must be a str (what was sent, e.g. 'kv'), got {kind!r}")
+        if tensor is not None and not isinstance(tensor, str):
+            raise ValueError(f"tensor must be None or a str (which tensor was sent, e.g. 'k'), got {tensor!r}")
         check_int("nbytes", nbytes)
         self.sent[kind] = self.sent.get(kind, 0) + int(nbytes)
+        if tensor is not None:
+            self.by_tensor[tensor] = self.by_tensor.get(tensor, 0) + int(nbytes)
 
     def hold(self, *tensors: Tensor) -> None:
         """Measure the bytes of the distinct tensors held now (one held twice counts once); keep the most."""
@@ -51,7 +58,8 @@ class Counters:
         self.kv_held = max(self.kv_held, sum(distinct.values()))
 
     def snapshot(self) -> dict:
-        return {"sent": dict(self.sent), "scores": self.scores, "kv_held": self.kv_held}
+        return {"sent": dict(self.sent), "by_tensor": dict(self.by_tensor), "scores": self.scores,
+                "kv_held": self.kv_held}
 
 
 counters = Counters()
@@ -60,15 +68,19 @@ counters = Counters()
 def reset_counters() -> None:
     """Zero this process's ``counters``."""
     counters.sent.clear()
+    counters.by_tensor.clear()
     counters.scores = 0
     counters.kv_held = 0
 
 
-def exchange(sends: list[tuple[Tensor, int]], recvs: list[tuple[Tensor, int]], kind: str, group) -> list:
+def exchange(sends: list[tuple[Tensor, int]], recvs: list[tuple[Tensor, int]], kind: str, group, *,
+             tensor: str | None = None) -> list:
     """Post point-to-point sends and receives together (``batch_isend_irecv``), count the sent bytes.
 
     Args:
         sends: (tensor, destination group rank); recvs: (buffer, source group rank).
+        kind: what is sent, the key of ``counters.sent``; tensor: optionally, which tensor it is
+            (``counters.by_tensor``).
 
     Returns:
         The requests; call ``.wait()`` on each before reading the buffers.
@@ -76,7 +88,7 @@ def exchange(sends: list[tuple[Tensor, int]], recvs: list[tuple[Tensor, int]], k
     ops = []
     for t, peer in sends:
         ops.append(dist.P2POp(dist.isend, t, dist.get_global_rank(group, peer) if group else peer, group))
-        counters.add(kind, t.numel() * t.element_size())
+        counters.add(kind, t.numel() * t.element_size(), tensor)
     for t, peer in recvs:
         ops.append(dist.P2POp(dist.irecv, t, dist.get_global_rank(group, peer) if group else peer, group))
     return dist.batch_isend_irecv(ops) if ops else []

@@ -154,27 +154,34 @@ def max_sequence_length(n_devices: int, gib_per_device: float, *, d_model: int, 
                         reserved_gib: float = 0.0, checkpoint: bool = True) -> dict:
     """The longest training sequence that fits, per strategy, on paper: at the backward's peak.
 
-    A model stated so it can be argued with. ``reserved_gib`` per device is what does not grow with
-    the sequence (weights, gradients, optimizer state, as the other parallelisms leave them). Everything
-    else grows with the tokens a device holds, n = L / N (L on one device), b bytes per value, with
-    A = ``activation_values_per_token`` per layer and d_kv = d_model * n_kv_heads / n_heads:
+    A model stated so it can be argued with, not a capacity. ``reserved_gib`` per device is what does
+    not grow with the sequence (weights, gradients, optimizer state, as the other parallelisms leave
+    them). There is no tensor or sequence parallelism (Korthikanti et al. 2022, section 4), so every
+    device holds every layer's activations for its tokens in full. Everything else grows with the
+    tokens a device holds, n = L / W for W = ``n_devices`` (L on one device), b bytes per value, with
+    A = ``activation_values_per_token`` per layer (q, k, v and the output of its shard among them),
+    d = d_model and d_kv = d * n_kv_heads / n_heads:
 
-    * kept from the forward: checkpoint=True (activation checkpointing, the usual choice at these
-      lengths): each layer's input, n_layers * d_model, plus the layer being recomputed, A;
-      checkpoint=False: n_layers * A;
+    * kept from the forward: checkpoint=True (activation checkpointing: the forward keeps only each
+      layer's input and the backward recomputes the rest, the usual choice at these lengths):
+      n_layers * d, plus the layer being recomputed, A; checkpoint=False: n_layers * A;
     * the backward's peak: the gradients of one layer's activations, A more;
-    * what attention's parallelism adds at that peak, per token of the device's shard:
-      single (and any strategy on N = 1): nothing;
-      ring: the K/V block in use and the one arriving, and the dK, dV accumulators travelling with
-      them: 8 d_kv;
-      Ulysses: q, out (h/N heads) and k, v (R h_kv/N heads) over all L rows, and their gradients:
-      (4 d_model + 4 R d_kv) L / N, R = ``kv_replication``; None when N does not divide the query heads.
+    * what attention's parallelism holds beyond that, per token of the device's shard
+      (W = 1, and ``single``: nothing):
+      ring: the K/V block in use and the one arriving, and the dK, dV accumulators in use and
+      arriving, on top of the rank's own K/V (in A): 2 d_kv each, 8 d_kv;
+      Ulysses: after the all-to-all, q and the output of h/W heads over all L rows (L d / W values
+      each, as many as the shard's own) and k, v of R h_kv / W heads *replace* the shard-local tensors
+      as what the attention saves (the shard-local q is not needed for the backward): beyond A, only the
+      R - 1 extra K/V copies, 2 (R - 1) d_kv; in the backward the head-layout dq, dk, dv are held
+      while their all-to-all back fills the shard-layout ones (in A): d + 2 R d_kv more. In all
+      d + (4 R - 2) d_kv, R = ``kv_replication``; None when W does not divide the query heads.
 
     Per device: n * (kept + A + extra) * b <= (gib_per_device - reserved_gib) GiB.
 
     Returns:
         {"single": L, "ring": L, "ulysses": L or None, "bytes_per_token": {strategy: bytes per token of a
-        device's shard}}, L rounded down to a multiple of 2N (single: of 2).
+        device's shard}}, L rounded down to a multiple of 2W (single: of 2).
 
     Taught in notebook 14, "At scale, on paper".
     """
@@ -208,7 +215,7 @@ def max_sequence_length(n_devices: int, gib_per_device: float, *, d_model: int, 
     spread = n > 1                                                      # one device: nothing travels
     per_token = {"single": base * bytes_per_value, "ring": (base + spread * 8 * d_kv) * bytes_per_value,
                  "ulysses": None if copies is None else
-                 (base + spread * (4 * d_model + 4 * copies * d_kv)) * bytes_per_value}
+                 (base + spread * (d_model + (4 * copies - 2) * d_kv)) * bytes_per_value}
     return {"single": int(budget / per_token["single"]) // 2 * 2, "ring": down(budget * n / per_token["ring"]),
             "ulysses": None if copies is None else down(budget * n / per_token["ulysses"]),
             "bytes_per_token": per_token}

@@ -89,12 +89,12 @@ def ulysses_attention(q: Tensor, k: Tensor, v: Tensor, *, is_causal: bool = Fals
         k, v = k.repeat_interleave(copies, dim=-3), v.repeat_interleave(copies, dim=-3)
     heads = [h // world] * world
     heads_kv = [h_kv * copies // world] * world
-    q_h = _AllToAll.apply(q, -3, -2, heads, lengths, group)          # (..., h/W, L, E): all rows, some heads
-    k_h = _AllToAll.apply(k, -3, -2, heads_kv, lengths, group)       # (..., R h_kv/W, L, E)
-    v_h = _AllToAll.apply(v, -3, -2, heads_kv, lengths, group)
+    q_h = _AllToAll.apply(q, -3, -2, heads, lengths, group, "q")         # (..., h/W, L, E): all rows, some heads
+    k_h = _AllToAll.apply(k, -3, -2, heads_kv, lengths, group, "k")      # (..., R h_kv/W, L, E)
+    v_h = _AllToAll.apply(v, -3, -2, heads_kv, lengths, group, "v")
     out_h = F.scaled_dot_product_attention(q_h, k_h, v_h, is_causal=is_causal,
                                            enable_gqa=q_h.shape[-3] != k_h.shape[-3])
-    return _AllToAll.apply(out_h, -2, -3, lengths, heads, group)     # (..., h, n_r, Ev): own rows, all heads
+    return _AllToAll.apply(out_h, -2, -3, lengths, heads, group, "out")    # (..., h, n_r, Ev): own rows, all heads
 
 
 # ---------------------------------------------------------------------------------------------
@@ -102,10 +102,11 @@ def ulysses_attention(q: Tensor, k: Tensor, v: Tensor, *, is_causal: bool = Fals
 # ---------------------------------------------------------------------------------------------
 
 def _all_to_all(x: Tensor, split_dim: int, cat_dim: int, send_sizes: list[int], recv_sizes: list[int],
-                group) -> Tensor:
+                group, name: str) -> Tensor:
     """Send piece j of x (cut along split_dim into send_sizes) to rank j; glue the pieces received
     from every rank along cat_dim (rank j's piece has recv_sizes[j] there). Built from
-    point-to-point sends, which (unlike gloo's all_to_all) allow unequal pieces."""
+    point-to-point sends, which (unlike gloo's all_to_all) allow unequal pieces. The bytes sent count
+    under "all_to_all" and, per tensor, under ``name`` ("q", "k", "v", "out"; "dq", ... backward)."""
     rank, world = group_rank_size(group)
     pieces = [p.contiguous() for p in torch.split(x, send_sizes, dim=split_dim)]
     received = []
@@ -114,7 +115,8 @@ def _all_to_all(x: Tensor, split_dim: int, cat_dim: int, send_sizes: list[int], 
         shape[split_dim], shape[cat_dim] = send_sizes[rank], recv_sizes[j]
         received.append(pieces[j] if j == rank else x.new_empty(shape))
     others = [j for j in range(world) if j != rank]
-    wait_all(exchange([(pieces[j], j) for j in others], [(received[j], j) for j in others], "all_to_all", group))
+    wait_all(exchange([(pieces[j], j) for j in others], [(received[j], j) for j in others], "all_to_all", group,
+                      tensor=name))
     return torch.cat(received, dim=cat_dim)
 
 
@@ -122,13 +124,13 @@ class _AllToAll(torch.autograd.Function):
     """The all-to-all, differentiable: its backward is the reverse all-to-all of the gradient."""
 
     @staticmethod
-    def forward(ctx, x, split_dim, cat_dim, send_sizes, recv_sizes, group):
-        ctx.setup = (split_dim, cat_dim, send_sizes, recv_sizes, group)
-        return _all_to_all(x, split_dim, cat_dim, send_sizes, recv_sizes, group)
+    def forward(ctx, x, split_dim, cat_dim, send_sizes, recv_sizes, group, name):
+        ctx.setup = (split_dim, cat_dim, send_sizes, recv_sizes, group, name)
+        return _all_to_all(x, split_dim, cat_dim, send_sizes, recv_sizes, group, name)
 
     @staticmethod
     def backward(ctx, grad):
-        split_dim, cat_dim, send_sizes, recv_sizes, group = ctx.setup
-        return _all_to_all(grad.contiguous(), cat_dim, split_dim, recv_sizes, send_sizes, group), \
-            None, None, None, None, None
+        split_dim, cat_dim, send_sizes, recv_sizes, group, name = ctx.setup
+        return _all_to_all(grad.contiguous(), cat_dim, split_dim, recv_sizes, send_sizes, group, "d" + name), \
+            None, None, None, None, None, None
 

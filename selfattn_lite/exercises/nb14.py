@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from ..distributed import (
     block_attention,
     block_attention_backward,
+    causal_work,
     merge_partials,
     ring_schedule,
     ring_tiles,
@@ -211,7 +212,11 @@ def check_zigzag_indices(fn) -> None:
             raise ExerciseError(f"{where}: L is not divisible by 2W = {2 * world}: the first L % 2W chunks get one "
                                 "row more (rows are lost or shifted otherwise)")
         raise ExerciseError(f"{where}: expected {want}, got {got}")
-    return passed("rank r holds chunks r and 2W − 1 − r of 2W: one early, one late, the same causal work")
+    even, uneven = causal_work(16, 4, layout="zigzag"), causal_work(11, 3, layout="zigzag")
+    assert len(set(even)) == 1 and len(set(uneven)) > 1              # what the message says
+    return passed(f"rank r holds chunks r and 2W − 1 − r of 2W: one early, one late. Where 2W divides L every "
+                  f"rank computes the same causal work (L=16, W=4: {even} scores); otherwise the chunks differ by "
+                  f"a row and the work differs too (L=11, W=3: {uneven})")
 
 
 # ---------------------------------------------------------------------------------------------

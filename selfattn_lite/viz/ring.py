@@ -61,12 +61,12 @@ def draw_ring_step(world_size: int, step: int, *, L: int | None = None, layout: 
     ax_scores.set(xticks=ticks, yticks=ticks, xlabel="key position j", ylabel="query position i")
     done = int((grid >= 0).sum())
     needed = L * (L + 1) // 2 if is_causal else L * L
-    ax_scores.set_title(f"scores computed so far: {done} ({needed} needed, {'causal' if is_causal else 'full'})",
-                        fontsize=9)
+    ax_scores.set_title(f"needed scores computed so far: {done} of {needed} "
+                        f"({'causal: masked ones not counted' if is_causal else 'full'})", fontsize=9)
     ax_scores.legend(handles=[Patch(color=RANK_COLORS[r], label=f"rank {r}") for r in range(world_size)],
                      loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=min(world_size, 4), fontsize=8,
                      frameon=False)
-    fig.suptitle(f"Ring attention, {layout} layout, step {step} of {world_size - 1}: rank r holds the K/V "
+    fig.suptitle(f"Ring attention, {layout} layout, step {step} (steps 0 to {world_size - 1}): rank r holds the K/V "
                  f"block of rank (r - {step}) mod {world_size}", fontsize=10)
     fig.tight_layout(rect=(0, 0, 1, 0.93))
     return fig

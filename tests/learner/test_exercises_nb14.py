@@ -129,6 +129,13 @@ def test_zigzag_diagnoses(wrong, fragment):
     expect_error(nb14.check_zigzag_indices, wrong, fragment)
 
 
+def test_zigzag_message_claims_equal_work_only_where_it_is(capsys):
+    nb14.check_zigzag_indices(zigzag_right)
+    message = capsys.readouterr().out
+    assert "Where 2W divides L every rank computes the same causal work (L=16, W=4: [36, 36, 36, 36]" in message
+    assert "the work differs too (L=11, W=3: [15, 28, 28])" in message
+
+
 # ----------------------------------------------------------------------------- Ulysses and the ring's backward
 # The notebook passes the gloo processes' results; here single-process SDPA's, sharded, stand in for them
 # (the notebook asserts the two agree to 1e-10).

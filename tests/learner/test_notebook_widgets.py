@@ -1,4 +1,4 @@
-"""The widgets of notebooks 01-10, driven the way a learner drives them in the notebook.
+"""The widgets of notebooks 01-10 and 14, driven the way a learner drives them in the notebook.
 
 Each notebook builds its widget and shows it; the clicks a learner makes there (a slider moved, a
 dropdown changed, a toggle flipped) are made here, and the claim the notebook's prose makes about
@@ -135,3 +135,16 @@ def test_nb10_explorer_layer3_head1_it_looks_at_cat():
     assert explorer.image.value != before
     torch.testing.assert_close(explorer.weights, explorer.maps.weights[3, 1])
     assert "cat" in explorer.status.value
+
+
+def test_nb14_ring_widget_last_step_shows_every_needed_score_once():
+    """Notebook 14's widget (W = 4, zig-zag), its step slider moved to the last step."""
+    import matplotlib
+    matplotlib.use("Agg")
+    from selfattn_lite import viz
+
+    w = viz.RingWidget(4, layout="zigzag")
+    w.step_slider.value = 3
+    assert w.held == [(r - 3) % 4 for r in range(4)]
+    assert (w.grid >= 0).sum() == w.L * (w.L + 1) // 2            # every needed score, exactly once
+    assert w.work == [34, 34, 34, 34]                              # needed scores: balanced
