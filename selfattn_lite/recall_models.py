@@ -17,6 +17,9 @@ Every model has the same embedding, convolutions, MLPs and output layer; only th
     s6           Mamba's selective scan (``recurrent.selective_scan``) with state size ``d_state``
     hybrid       layer 1 gated_delta, layer 2 attention (half the layers attention)
     hybrid_1in4  four layers: gated_delta, gated_delta, gated_delta, attention (one attention layer in four)
+                 the layout of the Gated DeltaNet hybrids in transformers' Qwen3-Next config
+                 (``full_attention_interval=4``: three linear layers, then full attention); Jamba's
+                 config puts one attention layer in eight (``attn_layer_period=8``)
 
 Where the short convolution sits is ``conv``: ``"block"`` (the default) puts one of width ``conv_width``
 (default 3) on every mixer's input, the same for every model; ``"mixer"`` puts it where the papers do,
@@ -54,7 +57,7 @@ from .recurrent import delta_rule, delta_rule_weights, linear_attention_weights,
 
 __all__ = ["MIXERS", "ALL_MIXERS", "GATES", "CONVS", "CausalConv", "gdn_gate", "RecallConfig", "RecallModel",
            "count_parameters", "state_bytes", "recall_accuracy", "load_recall_model", "recall_runs", "RECALL_DIR",
-           "PARAMETER_TOLERANCE"]
+           "RECALL_V2_DIR", "PARAMETER_TOLERANCE"]
 
 MIXERS = ("attention", "window", "linear", "delta", "gated_delta", "s6", "hybrid")
 ALL_MIXERS = MIXERS + ("hybrid_1in4",)   # MIXERS: two layers each, within PARAMETER_TOLERANCE of attention
@@ -62,6 +65,7 @@ GATES = ("logsigmoid", "gdn")
 CONVS = ("block", "mixer")
 RECURRENT = ("linear", "delta", "gated_delta", "s6")
 RECALL_DIR = Path(__file__).parent / "data" / "recall"
+RECALL_V2_DIR = Path(__file__).parent / "data" / "recall_v2"    # the swept protocol's runs (train_recall --sweep)
 PARAMETER_TOLERANCE = 0.10     # every model within 10% of the attention model's parameter count
 
 

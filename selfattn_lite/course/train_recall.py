@@ -13,8 +13,8 @@ accuracies; the safetensors file holds the weights (float32).
 ``--sweep`` runs the second protocol into ``data/recall_v2/`` (``RECALL_V2_DIR``), the same for every mixer:
 
 * data: Zoology's MQAR rows (``mqar(..., style="zoology")``), vocabulary ``V2_VOCAB`` = 128 (Zoology's
-  figures use 8192, which on a CPU costs about 25 times a step of these models; 128 is the smallest power
-  of two that keeps Zoology's own condition vocab_size > seq_len at 64 tokens);
+  figures use 8192, whose embedding and output layer would outweigh these models tenfold and dominate a CPU
+  step; 128 is the smallest power of two that keeps Zoology's own condition vocab_size > seq_len at 64);
 * models: Gated DeltaNet's gate (``gate="gdn"``) and the short convolution inside the mixer, width 4
   (``conv="mixer"``), for the mixers of ``V2_MIXERS`` (``hybrid_1in4`` among them);
 * training: ``V2_STEPS`` = 3000 steps (three times the first protocol's), batch 32, AdamW, warmup then
@@ -42,9 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from ..recall import mqar
-from ..recall_models import RECALL_DIR, RecallConfig, RecallModel, count_parameters, recall_accuracy
-
-RECALL_V2_DIR = RECALL_DIR.parent / "recall_v2"
+from ..recall_models import RECALL_DIR, RECALL_V2_DIR, RecallConfig, RecallModel, count_parameters, recall_accuracy
 
 SEQ_LEN = 64
 TRAIN_PAIRS = (4, 8, 12, 16)
