@@ -135,6 +135,18 @@ def sweep_plan(out: Path) -> list[tuple[str, float, int]]:
     return plan
 
 
+def loss_tail(record: dict, share: float = 0.1) -> dict:
+    """Has training stopped improving? Per number of pairs, the mean loss of the last ``share`` of that pair
+    count's steps and of the ``share`` before it (from ``losses_by_pairs``): {n: (previous, last)}."""
+    out = {}
+    for n, losses in record["losses_by_pairs"].items():
+        m = max(1, int(len(losses) * share))
+        if len(losses) < 2 * m:
+            raise ValueError(f"{record['run']}: {len(losses)} losses at {n} pairs, too few for two shares of {m}")
+        out[n] = (sum(losses[-2 * m:-m]) / m, sum(losses[-m:]) / m)
+    return out
+
+
 def rows_sha256(rows: list) -> str:
     """sha256 of the int64 bytes of the given tensors, in order: the fingerprint of a set of rows."""
     digest = hashlib.sha256()

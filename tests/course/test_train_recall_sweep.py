@@ -78,8 +78,15 @@ def test_a_tiny_sweep_writes_loadable_records_with_validation_and_every_loss(tmp
 SHIPPED = [json.loads(p.read_text()) for p in sorted(tr.RECALL_V2_DIR.glob("*.json"))]
 
 
-@pytest.mark.skipif(not SHIPPED, reason="no run of the swept protocol shipped")
+def test_loss_tail_compares_the_last_tenth_with_the_tenth_before_per_pair_count():
+    record = {"run": "x", "losses_by_pairs": {"4": [9.0] * 80 + [3.0] * 10 + [1.0] * 10, "8": [2.0] * 20}}
+    assert tr.loss_tail(record) == {"4": (3.0, 1.0), "8": (2.0, 2.0)}
+    with pytest.raises(ValueError, match="too few"):
+        tr.loss_tail({"run": "x", "losses_by_pairs": {"4": [1.0]}})
+
+
 def test_shipped_swept_runs_follow_the_protocol():
+    assert SHIPPED, f"no run of the swept protocol in {tr.RECALL_V2_DIR}"
     for record in SHIPPED:
         assert record["recipe"]["steps"] == tr.V2_STEPS and record["recipe"]["lr"] in tr.V2_LRS
         assert record["config"] == tr.v2_config(record["config"]["mixer"]).__dict__
