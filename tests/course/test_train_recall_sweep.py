@@ -87,6 +87,8 @@ def test_loss_tail_compares_the_last_tenth_with_the_tenth_before_per_pair_count(
 
 def test_shipped_swept_runs_follow_the_protocol():
     assert SHIPPED, f"no run of the swept protocol in {tr.RECALL_V2_DIR}"
+    total = sum(p.stat().st_size for p in tr.RECALL_V2_DIR.iterdir())
+    assert total < 8 * 2**20, f"the swept runs take {total / 2**20:.1f} MiB"
     for record in SHIPPED:
         assert record["recipe"]["steps"] == tr.V2_STEPS and record["recipe"]["lr"] in tr.V2_LRS
         assert record["config"] == tr.v2_config(record["config"]["mixer"]).__dict__
