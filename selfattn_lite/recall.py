@@ -49,8 +49,9 @@ ZOOLOGY_VOCAB = 8192  # the vocabulary of Zoology's MQAR figures
 def zoology_query_weights(n_slots: int, power_a: float = 0.01) -> Tensor:
     """Zoology's weights of the query slots 0 .. n_slots - 1: p_j = a (j + 1) ** (a - 1), normalised (float64).
 
-    ``multiquery_ar.py`` draws the queries' slots from these weights without replacement. Taught in notebook 16,
-    "1. The task: multi-query associative recall".
+    ``multiquery_ar.py`` draws the queries' slots from these weights without replacement.
+
+    Taught in notebook 16, "1. The task: multi-query associative recall".
     """
     check_positive_int("n_slots", n_slots)
     if not power_a > 0:

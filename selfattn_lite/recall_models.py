@@ -112,7 +112,10 @@ class RecallConfig:
 
 
 class CausalConv(nn.Module):
-    """Depthwise causal convolution: y_t = sum_{j < width} w_j * x_{t-j}, one filter per channel."""
+    """Depthwise causal convolution: y_t = sum_{j < width} w_j * x_{t-j}, one filter per channel.
+
+    Taught in notebook 16, "5. The experiment: trained models, three seeds each".
+    """
 
     def __init__(self, d_model: int, width: int = 3):
         super().__init__()
@@ -190,7 +193,9 @@ def gdn_gate(a: Tensor, A_log: Tensor, dt_bias: Tensor) -> Tensor:
     """Gated DeltaNet's log decay per head: g = -exp(A_log) * softplus(a + dt_bias), a = W_a x (..., h).
 
     exp(g) = exp(-A dt) with dt = softplus(a + dt_bias): Mamba-2's discretised decay, in (0, 1).
-    As fla's ``fla/layers/gated_deltanet.py`` (Yang, Kautz & Hatamizadeh, 2025). Taught in notebook 16.
+    As fla's ``fla/layers/gated_deltanet.py`` (Yang, Kautz & Hatamizadeh, 2025).
+
+    Taught in notebook 16, "5. The experiment: trained models, three seeds each".
     """
     return -torch.exp(A_log) * F.softplus(a + dt_bias)
 
