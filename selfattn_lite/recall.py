@@ -10,13 +10,28 @@ place, followed by its value, and the model must predict that value at the key's
 Keys are drawn without replacement from ``1 .. vocab_size // 2 - 1`` (distinct within a row), values with
 replacement from ``vocab_size // 2 .. vocab_size - 1`` (the two halves of the vocabulary are disjoint, so
 a value never looks like a key); token 0 fills the gaps. Arora et al. (2023, "Zoology") introduced the task
-to separate attention from fixed-size-state models; their generator draws values without replacement, fills the
-gaps with random tokens and places queries by a power law, so its rows differ from these. Taught in notebook 16,
-section 1.
+to separate attention from fixed-size-state models. Taught in notebook 16, section 1.
+
+``mqar(..., style="zoology")`` draws the rows of Zoology's own generator (``zoology/data/multiquery_ar.py``,
+``multiquery_ar`` with its defaults ``power_a=0.01``, ``random_non_queries=True``, one pass) instead:
+
+    inputs   k1 v1 k2 v2 k3 v3  r  r k2  r  r  r k1  r k3  r      (r = a random token of 0 .. vocab_size - 1)
+    targets   .  .  .  .  .  .  .  . v2  .  .  .  v1  . v3  .
+
+* values, like keys, are drawn without replacement (distinct within a row);
+* after the pairs, the remaining ``seq_len - 2 n_pairs`` positions form ``(seq_len - 2 n_pairs) // 2`` two-token
+  slots; the n queries take n distinct slots, slot j (0-based) drawn with weight (j + 1) ** (power_a - 1)
+  (a power law: with power_a = 0.01 most queries sit close to the pairs), one after another without
+  replacement; a query is its key alone, in the slot's first position (the value is not repeated after it);
+* every other position holds a random token drawn uniformly from the whole vocabulary (it may repeat a
+  key or a value of the row, as in Zoology), never a fixed filler.
+
+Zoology's figures use ``vocab_size=8192`` and ``seq_len`` 64 to 512 with 4 to 64 pairs (its
+``original_mqar_configs.py``; it asserts ``vocab_size > seq_len``, an even ``seq_len`` and ``4 n_pairs <= seq_len``).
 
 What a model scores without any recall (the floor an accuracy is read against): ``no_recall_floor`` (exact, per
-strategy), ``no_recall_scores`` (each strategy scored on given rows), ``no_recall_loss`` (the least cross-entropy).
-``query_retention``: how much of the asked value a decaying state still holds at each query.
+strategy, for the notebook's rows), ``no_recall_scores`` (each strategy scored on given rows), ``no_recall_loss`` (the
+least cross-entropy). ``query_retention``: how much of the asked value a decaying state still holds at each query.
 """
 
 from __future__ import annotations
@@ -29,11 +44,28 @@ from torch import Tensor
 
 from ._checks import check_ids, check_positive_int, check_tensor
 
-__all__ = ["IGNORE_INDEX", "FILLER", "mqar", "key_range", "value_range", "query_distances", "NO_RECALL_STRATEGIES",
-           "no_recall_floor", "no_recall_loss", "no_recall_scores", "query_retention"]
+__all__ = ["IGNORE_INDEX", "FILLER", "STYLES", "ZOOLOGY_VOCAB", "mqar", "zoology_query_weights", "key_range",
+           "value_range", "query_distances", "NO_RECALL_STRATEGIES", "no_recall_floor", "no_recall_loss",
+           "no_recall_scores", "query_retention"]
 
 IGNORE_INDEX = -100   # F.cross_entropy's default ignore_index: no loss where targets hold it
 FILLER = 0            # the token between the queries
+STYLES = ("notebook", "zoology")
+ZOOLOGY_VOCAB = 8192  # the vocabulary of Zoology's MQAR figures
+
+
+def zoology_query_weights(n_slots: int, power_a: float = 0.01) -> Tensor:
+    """Zoology's weights of the query slots 0 .. n_slots - 1: p_j = a (j + 1) ** (a - 1), normalised (float64).
+
+    ``multiquery_ar.py`` draws the queries' slots from these weights without replacement.
+
+    Taught in notebook 16, "1. The task: multi-query associative recall".
+    """
+    check_positive_int("n_slots", n_slots)
+    if not power_a > 0:
+        raise ValueError(f"power_a must be > 0, got {power_a}")
+    p = power_a * torch.arange(1, n_slots + 1, dtype=torch.float64) ** (power_a - 1)
+    return p / p.sum()
 
 
 def key_range(vocab_size: int) -> range:
@@ -68,13 +100,17 @@ def _check_mqar(batch, seq_len, n_pairs, vocab_size) -> None:
 
 
 def mqar(batch: int, seq_len: int, n_pairs: int, vocab_size: int, *,
-         generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+         generator: torch.Generator | None = None, style: str = "notebook",
+         power_a: float = 0.01) -> tuple[Tensor, Tensor]:
     """Draw ``batch`` MQAR rows.
 
     Args:
         batch: rows to draw. seq_len: tokens per row (>= 4 n_pairs). n_pairs: key-value pairs per row
             (<= vocab_size // 2 - 1, so that the keys can be distinct). vocab_size: tokens 0 .. vocab_size - 1.
         generator: a seeded ``torch.Generator`` for reproducible rows (default: torch's global one).
+        style: "notebook" (the rows drawn above: values with replacement, 0 in the gaps, uniform query
+            places, each query followed by its value) or "zoology" (Zoology's ``multiquery_ar``: see the
+            module docstring). power_a: Zoology's power law for the query slots (style "zoology" only).
 
     Returns:
         inputs (batch, seq_len) long, and targets (batch, seq_len) long: at each query key the value
@@ -84,6 +120,10 @@ def mqar(batch: int, seq_len: int, n_pairs: int, vocab_size: int, *,
     Taught in notebook 16, "1. The task: multi-query associative recall".
     """
     _check_mqar(batch, seq_len, n_pairs, vocab_size)
+    if style not in STYLES:
+        raise ValueError(f"style must be one of {STYLES}, got {style!r}")
+    if style == "zoology":
+        return _mqar_zoology(batch, seq_len, n_pairs, vocab_size, generator, power_a)
     n_keys, half = len(key_range(vocab_size)), vocab_size // 2
     keys = torch.rand(batch, n_keys, generator=generator).argsort(dim=1)[:, :n_pairs] + 1    # (B, n) distinct
     values = torch.randint(half, vocab_size, (batch, n_pairs), generator=generator)          # (B, n)
@@ -101,6 +141,29 @@ def mqar(batch: int, seq_len: int, n_pairs: int, vocab_size: int, *,
     inputs[rows, starts] = keys.gather(1, order)
     inputs[rows, starts + 1] = values.gather(1, order)
     targets[rows, starts] = values.gather(1, order)
+    return inputs, targets
+
+
+def _distinct(batch: int, choices: range, n: int, generator) -> Tensor:
+    """(batch, n): n distinct tokens of ``choices`` per row, uniformly (a random permutation's first n)."""
+    return torch.rand(batch, len(choices), generator=generator).argsort(dim=1)[:, :n] + choices.start
+
+
+def _mqar_zoology(batch, seq_len, n_pairs, vocab_size, generator, power_a) -> tuple[Tensor, Tensor]:
+    """Zoology's ``multiquery_ar`` (one pass, random non-queries), in torch: see the module docstring."""
+    keys = _distinct(batch, key_range(vocab_size), n_pairs, generator)                       # (B, n) distinct
+    values = _distinct(batch, value_range(vocab_size), n_pairs, generator)                   # (B, n) distinct
+    context = 2 * n_pairs
+    n_slots = (seq_len - context) // 2
+    p = zoology_query_weights(n_slots, power_a).float().expand(batch, n_slots)
+    slots = torch.multinomial(p, n_pairs, replacement=False, generator=generator)            # (B, n): key i's slot
+
+    inputs = torch.randint(vocab_size, (batch, seq_len), generator=generator)                # random everywhere
+    targets = torch.full((batch, seq_len), IGNORE_INDEX, dtype=torch.long)
+    inputs[:, 0:context:2], inputs[:, 1:context:2] = keys, values                            # k1 v1 k2 v2 ...
+    rows, starts = torch.arange(batch)[:, None], context + 2 * slots                         # (B, n) query places
+    inputs[rows, starts] = keys
+    targets[rows, starts] = values
     return inputs, targets
 
 

@@ -1,9 +1,9 @@
-"""Small two-layer models that differ only in their token mixer, for multi-query associative recall.
+"""Small models that differ only in their token mixer, for multi-query associative recall.
 
     x_0 = Embed(ids)
     x_l = x_{l-1} + Mixer_l(Conv(Norm(x_{l-1})))    Conv: a short causal depthwise convolution (width 3)
     x_l = x_l + MLP(Norm(x_l))
-    logits = Norm(x_2) W_out
+    logits = Norm(x_L) W_out
 
 Every model has the same embedding, convolutions, MLPs and output layer; only the mixer changes:
 
@@ -11,9 +11,23 @@ Every model has the same embedding, convolutions, MLPs and output layer; only th
     window       the same, each query seeing only its last ``window`` tokens (``efficient.sliding_window_mask``)
     linear       causal linear attention, elu + 1 features (``efficient.linear_attention``)
     delta        the delta rule (``recurrent.delta_rule``), unit keys and queries, beta = sigmoid(W_beta x)
-    gated_delta  the same with a decay g = log sigmoid(W_g x + b)  (Gated DeltaNet's gate)
+    gated_delta  the same with a decay g: ``gate="logsigmoid"`` (the default) g = log sigmoid(W_g x + b),
+                 GLA's form; ``gate="gdn"`` Gated DeltaNet's own, g = -exp(A_log) softplus(W_a x + dt_bias)
+                 (fla's ``fla/layers/gated_deltanet.py``, NVlabs/GatedDeltaNet)
     s6           Mamba's selective scan (``recurrent.selective_scan``) with state size ``d_state``
-    hybrid       layer 1 gated_delta, layer 2 attention
+    hybrid       layer 1 gated_delta, layer 2 attention (half the layers attention)
+    hybrid_1in4  four layers: gated_delta, gated_delta, gated_delta, attention (one attention layer in four)
+                 the layout of the Gated DeltaNet hybrids in transformers' Qwen3-Next config
+                 (``full_attention_interval=4``: three linear layers, then full attention); Jamba's
+                 config puts one attention layer in eight (``attn_layer_period=8``)
+
+Where the short convolution sits is ``conv``: ``"block"`` (the default) puts one of width ``conv_width``
+(default 3) on every mixer's input, the same for every model; ``"mixer"`` puts it where the papers do,
+inside the mixer, width 4, followed by SiLU: on q, k and v after their projections for linear
+attention and the delta rules (DeltaNet's and Gated DeltaNet's ``ShortConvolution``, ``conv_size=4``), on
+u after the input projection for s6 (``mamba_simple.py``'s ``conv1d``, ``d_conv=4``; delta, B and C are
+then read from the convolved u, as there), and on the mixer's input for attention and the window
+(Zoology's attention models run a short convolution before attention).
 
 The short convolution lets a token see the one before it (as in Mamba and DeltaNet, and here in every model
 alike), so the value after a key can carry that key; recall then needs one mixer that finds the key again.
@@ -41,18 +55,25 @@ from .multihead import MultiHeadAttention
 from .recall import IGNORE_INDEX, mqar
 from .recurrent import delta_rule, delta_rule_weights, linear_attention_weights, selective_scan, selective_scan_weights
 
-__all__ = ["MIXERS", "RecallConfig", "RecallModel", "count_parameters", "state_bytes", "recall_accuracy",
-           "load_recall_model", "recall_runs", "RECALL_DIR", "PARAMETER_TOLERANCE"]
+__all__ = ["MIXERS", "ALL_MIXERS", "GATES", "CONVS", "CausalConv", "gdn_gate", "RecallConfig", "RecallModel",
+           "count_parameters", "state_bytes", "recall_accuracy", "load_recall_model", "recall_runs", "RECALL_DIR",
+           "RECALL_V2_DIR", "PARAMETER_TOLERANCE"]
 
 MIXERS = ("attention", "window", "linear", "delta", "gated_delta", "s6", "hybrid")
+ALL_MIXERS = MIXERS + ("hybrid_1in4",)   # MIXERS: two layers each, within PARAMETER_TOLERANCE of attention
+GATES = ("logsigmoid", "gdn")
+CONVS = ("block", "mixer")
 RECURRENT = ("linear", "delta", "gated_delta", "s6")
 RECALL_DIR = Path(__file__).parent / "data" / "recall"
+RECALL_V2_DIR = Path(__file__).parent / "data" / "recall_v2"    # the swept protocol's runs (train_recall --sweep)
 PARAMETER_TOLERANCE = 0.10     # every model within 10% of the attention model's parameter count
 
 
 @dataclass(frozen=True)
 class RecallConfig:
-    """The shape of a recall model. ``window`` is used by ``window``; ``d_state`` by ``s6``.
+    """The shape of a recall model. ``window`` is used by ``window``; ``d_state`` by ``s6``; ``gate`` by the
+    gated delta rule ("logsigmoid" or Gated DeltaNet's "gdn"); ``conv`` and ``conv_width`` place and size the
+    short convolution ("block": on every mixer's input; "mixer": inside the mixer, as the papers).
 
     Taught in notebook 16, "5. The experiment: trained models, three seeds each".
     """
@@ -64,23 +85,37 @@ class RecallConfig:
     d_state: int = 16
     window: int = 8
     d_ff: int = 64
+    gate: str = "logsigmoid"
+    conv: str = "block"
+    conv_width: int = 3
 
     def __post_init__(self):
-        if self.mixer not in MIXERS:
-            raise ValueError(f"mixer must be one of {MIXERS}, got {self.mixer!r}")
-        for name in ("vocab_size", "d_model", "n_heads", "d_state", "window", "d_ff"):
+        if self.mixer not in ALL_MIXERS:
+            raise ValueError(f"mixer must be one of {ALL_MIXERS}, got {self.mixer!r}")
+        if self.gate not in GATES:
+            raise ValueError(f"gate must be one of {GATES}, got {self.gate!r}")
+        if self.conv not in CONVS:
+            raise ValueError(f"conv must be one of {CONVS}, got {self.conv!r}")
+        for name in ("vocab_size", "d_model", "n_heads", "d_state", "window", "d_ff", "conv_width"):
             check_positive_int(name, getattr(self, name))
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
 
     @property
-    def layer_mixers(self) -> tuple[str, str]:
-        """The mixer of each of the two layers."""
-        return ("gated_delta", "attention") if self.mixer == "hybrid" else (self.mixer, self.mixer)
+    def layer_mixers(self) -> tuple[str, ...]:
+        """The mixer of each layer: two layers, or four for ``hybrid_1in4``."""
+        if self.mixer == "hybrid":
+            return ("gated_delta", "attention")
+        if self.mixer == "hybrid_1in4":
+            return ("gated_delta",) * 3 + ("attention",)
+        return (self.mixer, self.mixer)
 
 
 class CausalConv(nn.Module):
-    """Depthwise causal convolution: y_t = sum_{j < width} w_j * x_{t-j}, one filter per channel."""
+    """Depthwise causal convolution: y_t = sum_{j < width} w_j * x_{t-j}, one filter per channel.
+
+    Taught in notebook 16, "5. The experiment: trained models, three seeds each".
+    """
 
     def __init__(self, d_model: int, width: int = 3):
         super().__init__()
@@ -90,13 +125,24 @@ class CausalConv(nn.Module):
         return self.conv(x.transpose(1, 2))[..., :x.shape[1]].transpose(1, 2)
 
 
+def mixer_conv(config: RecallConfig, channels: int) -> nn.Module | None:
+    """The short convolution inside a mixer when ``config.conv == "mixer"`` (followed by SiLU), else None."""
+    return CausalConv(channels, config.conv_width) if config.conv == "mixer" else None
+
+
+def _conv_silu(conv: nn.Module | None, x: Tensor) -> Tensor:
+    return x if conv is None else F.silu(conv(x))
+
+
 class SoftmaxMixer(nn.Module):
-    """Softmax attention, causal, or restricted to the last ``window`` tokens."""
+    """Softmax attention, causal, or restricted to the last ``window`` tokens (after a short conv with
+    ``conv="mixer"``)."""
 
     def __init__(self, config: RecallConfig, window: int | None = None):
         super().__init__()
         self.attn = MultiHeadAttention(config.d_model, config.n_heads, bias=False)
         self.window = window
+        self.conv = mixer_conv(config, config.d_model)
 
     def mask(self, T: int, device=None) -> Tensor:
         """(T, T) bool, True = may attend."""
@@ -105,6 +151,7 @@ class SoftmaxMixer(nn.Module):
         return sliding_window_mask(T, self.window, device=device)
 
     def forward(self, x: Tensor) -> Tensor:
+        x = _conv_silu(self.conv, x)
         return self.attn(x, attn_mask=self.mask(x.shape[1], x.device))[0]
 
 
@@ -116,6 +163,14 @@ class _Heads(nn.Module):
         d = config.d_model
         self.h = config.n_heads
         self.q_proj, self.k_proj, self.v_proj, self.out_proj = (nn.Linear(d, d, bias=False) for _ in range(4))
+        self.q_conv, self.k_conv, self.v_conv = (mixer_conv(config, d) for _ in range(3))
+
+    def qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """q, k, v (B, h, T, d/h): projections, then (``conv="mixer"``) the short convolution and SiLU."""
+        q = _conv_silu(self.q_conv, self.q_proj(x))
+        k = _conv_silu(self.k_conv, self.k_proj(x))
+        v = _conv_silu(self.v_conv, self.v_proj(x))
+        return self.split(q), self.split(k), self.split(v)
 
     def split(self, t: Tensor) -> Tensor:                                     # (B, T, d) -> (B, h, T, d/h)
         B, T, d = t.shape
@@ -130,36 +185,62 @@ class LinearMixer(_Heads):
     """Causal linear attention with elu + 1 features (notebook 08's)."""
 
     def forward(self, x: Tensor) -> Tensor:
-        q, k, v = self.split(self.q_proj(x)), self.split(self.k_proj(x)), self.split(self.v_proj(x))
+        q, k, v = self.qkv(x)
         return self.merge(linear_attention(q, k, v, is_causal=True, chunk_size=16))
 
 
+def gdn_gate(a: Tensor, A_log: Tensor, dt_bias: Tensor) -> Tensor:
+    """Gated DeltaNet's log decay per head: g = -exp(A_log) * softplus(a + dt_bias), a = W_a x (..., h).
+
+    exp(g) = exp(-A dt) with dt = softplus(a + dt_bias): Mamba-2's discretised decay, in (0, 1).
+    As fla's ``fla/layers/gated_deltanet.py`` (Yang, Kautz & Hatamizadeh, 2025).
+
+    Taught in notebook 16, "5. The experiment: trained models, three seeds each".
+    """
+    return -torch.exp(A_log) * F.softplus(a + dt_bias)
+
+
 class DeltaMixer(_Heads):
-    """The delta rule on unit queries and keys, beta_t = sigmoid(W_beta x_t); gated: g_t = log sigmoid(W_g x_t + b)."""
+    """The delta rule on unit queries and keys, beta_t = sigmoid(W_beta x_t); gated: g_t = log sigmoid(W_g x_t + b)
+    (``gate="logsigmoid"``), or Gated DeltaNet's g_t = -exp(A_log) softplus(W_a x_t + dt_bias) (``gate="gdn"``)."""
 
     def __init__(self, config: RecallConfig, gated: bool):
         super().__init__(config)
-        self.beta_proj = nn.Linear(config.d_model, config.n_heads)
-        self.g_proj = nn.Linear(config.d_model, config.n_heads) if gated else None
-        if gated:
+        h = config.n_heads
+        self.beta_proj = nn.Linear(config.d_model, h)
+        self.gate = config.gate if gated else None
+        self.g_proj = None
+        if self.gate == "logsigmoid":
+            self.g_proj = nn.Linear(config.d_model, h)
             nn.init.constant_(self.g_proj.bias, 5.0)      # start at exp(g) = sigmoid(5) = 0.993 per token: remember
+        elif self.gate == "gdn":                          # fla's initialisation: A ~ U(0, 16), dt log-uniform
+            self.a_proj = nn.Linear(config.d_model, h, bias=False)
+            self.A_log = nn.Parameter(torch.log(torch.empty(h).uniform_(0, 16)))
+            with torch.no_grad():
+                dt = torch.exp(torch.rand(h) * (math.log(0.1) - math.log(1e-3)) + math.log(1e-3)).clamp(min=1e-4)
+            self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))              # softplus^-1(dt)
 
     def gates(self, x: Tensor) -> tuple[Tensor, Tensor | None]:
         """beta and g, (B, h, T) each (g None when not gated)."""
         beta = torch.sigmoid(self.beta_proj(x)).transpose(1, 2)
-        g = None if self.g_proj is None else F.logsigmoid(self.g_proj(x)).transpose(1, 2)
-        return beta, g
+        if self.gate is None:
+            return beta, None
+        if self.gate == "gdn":
+            return beta, gdn_gate(self.a_proj(x), self.A_log, self.dt_bias).transpose(1, 2)
+        return beta, F.logsigmoid(self.g_proj(x)).transpose(1, 2)
 
     def forward(self, x: Tensor, chunk_size: int | None = 16) -> Tensor:
-        q = F.normalize(self.split(self.q_proj(x)), dim=-1)
-        k = F.normalize(self.split(self.k_proj(x)), dim=-1)
-        v = self.split(self.v_proj(x))
+        q, k, v = self.qkv(x)
+        q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
         beta, g = self.gates(x)
         return self.merge(delta_rule(q, k, v, beta, g=g, chunk_size=chunk_size))
 
 
 class S6Mixer(nn.Module):
-    """Mamba's selective scan: u = W_u x, delta = softplus(W_dt x + b), B = W_B x, C = W_C x, A = -exp(A_log)."""
+    """Mamba's selective scan: u = W_u x, delta = softplus(W_dt x + b), B = W_B x, C = W_C x, A = -exp(A_log).
+
+    With ``conv="mixer"``, u = SiLU(Conv(W_u x)) and delta, B, C are read from that u (``mamba_simple.py``).
+    """
 
     def __init__(self, config: RecallConfig):
         super().__init__()
@@ -172,12 +253,16 @@ class S6Mixer(nn.Module):
             self.dt_proj.bias.copy_(dt + torch.log(-torch.expm1(-dt)))               # softplus^-1(dt)
         self.D = nn.Parameter(torch.ones(d))
         self.out_proj = nn.Linear(d, d, bias=False)
+        self.conv = mixer_conv(config, d)
 
     def scan_inputs(self, x: Tensor) -> tuple[Tensor, ...]:
         """u, delta (B, d, T); A (d, n); B, C (B, n, T): ``selective_scan``'s arguments."""
-        u = self.in_proj(x).transpose(1, 2)
+        u = self.in_proj(x)
+        if self.conv is not None:                     # Mamba: the projections read the convolved input
+            x = u = F.silu(self.conv(u))
         delta = F.softplus(self.dt_proj(x)).transpose(1, 2)
-        return u, delta, -torch.exp(self.A_log), self.B_proj(x).transpose(1, 2), self.C_proj(x).transpose(1, 2)
+        return (u.transpose(1, 2), delta, -torch.exp(self.A_log), self.B_proj(x).transpose(1, 2),
+                self.C_proj(x).transpose(1, 2))
 
     def forward(self, x: Tensor) -> Tensor:
         u, delta, A, B, C = self.scan_inputs(x)
@@ -204,7 +289,7 @@ class RecallBlock(nn.Module):
         super().__init__()
         d = config.d_model
         self.norm1, self.norm2 = nn.RMSNorm(d), nn.RMSNorm(d)
-        self.conv = CausalConv(d)
+        self.conv = CausalConv(d, config.conv_width) if config.conv == "block" else nn.Identity()
         self.mixer = make_mixer(kind, config)
         self.mlp = nn.Sequential(nn.Linear(d, config.d_ff, bias=False), nn.GELU(),
                                  nn.Linear(config.d_ff, d, bias=False))
@@ -215,7 +300,8 @@ class RecallBlock(nn.Module):
 
 
 class RecallModel(nn.Module):
-    """Embedding, two ``RecallBlock``s, a final norm and an output layer: ids (B, T) -> logits (B, T, vocab).
+    """Embedding, ``RecallBlock``s (two; four for ``hybrid_1in4``), a final norm and an output layer:
+    ids (B, T) -> logits (B, T, vocab).
 
     Taught in notebook 16, "5. The experiment: trained models, three seeds each".
     """
@@ -262,11 +348,12 @@ class RecallModel(nn.Module):
         x = block.conv(block.norm1(x))                                        # what the mixer reads
         mixer = block.mixer
         if isinstance(mixer, SoftmaxMixer):
+            x = _conv_silu(mixer.conv, x)
             return mixer.attn(x, attn_mask=mixer.mask(x.shape[1], x.device), need_weights=True)[1]
         if isinstance(mixer, S6Mixer):
             _, delta, A, B, C = mixer.scan_inputs(x)
             return selective_scan_weights(delta, A, B, C)
-        q, k = mixer.split(mixer.q_proj(x)), mixer.split(mixer.k_proj(x))
+        q, k, _ = mixer.qkv(x)
         if isinstance(mixer, LinearMixer):
             return linear_attention_weights(q, k)
         beta, g = mixer.gates(x)

@@ -2,17 +2,36 @@
 
     OMP_NUM_THREADS=1 python -m selfattn_lite.course.train_recall --grid            # everything shipped
     python -m selfattn_lite.course.train_recall --mixer delta --seed 0 --n-heads 4  # one run
+    OMP_NUM_THREADS=1 python -m selfattn_lite.course.train_recall --sweep           # the swept protocol (v2)
 
 Every run trains a ``RecallModel`` on fresh MQAR rows (each step draws a batch with a number of pairs
 taken in turn from ``--train-pairs``), from a seeded generator (``seed``), then evaluates it on 512 rows
 per number of pairs drawn from another generator (seed ``EVAL_SEED``). The JSON record holds the
 config, the recipe, the seeds, the seconds (wall and CPU), the torch version, the losses and the final
 accuracies; the safetensors file holds the weights (float32).
+
+``--sweep`` runs the second protocol into ``data/recall_v2/`` (``RECALL_V2_DIR``), the same for every mixer:
+
+* data: Zoology's MQAR rows (``mqar(..., style="zoology")``), vocabulary ``V2_VOCAB`` = 128 (Zoology's
+  figures use 8192, whose embedding and output layer would outweigh these models tenfold and dominate a CPU
+  step; 128 is the smallest power of two that keeps Zoology's own condition vocab_size > seq_len at 64);
+* models: Gated DeltaNet's gate (``gate="gdn"``) and the short convolution inside the mixer, width 4
+  (``conv="mixer"``), for the mixers of ``V2_MIXERS`` (``hybrid_1in4`` among them);
+* training: ``V2_STEPS`` = 3000 steps (three times the first protocol's), batch 32, AdamW, warmup then
+  cosine decay, at every learning rate of ``V2_LRS`` (1e-3, 3e-3, 1e-2: a decade) with seed 0;
+* selection (``select_lr``): for each mixer, the learning rate whose seed-0 run has the highest mean
+  accuracy over the pair counts on the validation rows (512 rows per pair count from seed ``VAL_SEED``,
+  never the evaluation rows of seed ``EVAL_SEED``); a tie goes to the smaller rate;
+* then seeds 1 and 2 at the chosen rate. Accuracies are reported on the evaluation rows.
+
+Runs already saved are skipped, so the sweep can be stopped and restarted; the seed-0 runs of every mixer
+come first (first at 3e-3, then 1e-2, then 1e-3), the other seeds once a mixer's three seed-0 runs exist.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import sys
@@ -23,7 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from ..recall import mqar
-from ..recall_models import RECALL_DIR, RecallConfig, RecallModel, count_parameters, recall_accuracy
+from ..recall_models import RECALL_DIR, RECALL_V2_DIR, RecallConfig, RecallModel, count_parameters, recall_accuracy
 
 SEQ_LEN = 64
 TRAIN_PAIRS = (4, 8, 12, 16)
@@ -34,6 +53,15 @@ SEEDS = (0, 1, 2)
 STEPS = 1000      # the shipped recipe; at 600 steps and lr 1e-2 two seeds of attention in three were still at chance
 BATCH = 32
 LR = 3e-3
+
+# the swept protocol (``--sweep``), stored in RECALL_V2_DIR
+V2_MIXERS = ("attention", "window", "linear", "delta", "gated_delta", "s6", "hybrid", "hybrid_1in4")
+V2_LRS = (3e-3, 1e-2, 1e-3)      # training order; the selection compares all three
+V2_STEPS = 3000
+V2_VOCAB = 128
+V2_STYLE = "zoology"
+VAL_SEED = 54321
+VAL_ROWS = 512
 
 
 def run_name(config: RecallConfig, seed: int) -> str:
@@ -62,9 +90,89 @@ def grid() -> list[tuple[RecallConfig, int]]:
     return [(c, s) for s in SEEDS for c in main] + [(c, s) for c in sweep for s in SEEDS]
 
 
+def v2_config(mixer: str) -> RecallConfig:
+    """A mixer's model in the swept protocol: Gated DeltaNet's gate, width-4 convolution inside the mixer."""
+    return RecallConfig(mixer=mixer, vocab_size=V2_VOCAB, gate="gdn", conv="mixer", conv_width=4)
+
+
+def lr_tag(lr: float) -> str:
+    """3e-3 -> '3e-3', 1e-2 -> '1e-2'."""
+    mantissa, exponent = f"{lr:.0e}".split("e")
+    return f"{mantissa}e{int(exponent)}"
+
+
+def v2_run_name(mixer: str, lr: float, seed: int) -> str:
+    """gated_delta_lr3e-3_s0: the mixer, the learning rate and the seed of a swept run."""
+    return f"{mixer}_lr{lr_tag(lr)}_s{seed}"
+
+
+def mean_accuracy(accuracy: dict) -> float:
+    """The mean over the pair counts of a record's accuracy dict."""
+    return sum(accuracy.values()) / len(accuracy)
+
+
+def select_lr(records: list[dict], mixer: str, lrs=V2_LRS) -> float | None:
+    """The selection rule: the learning rate of ``lrs`` whose seed-0 run of ``mixer`` has the highest mean
+    validation accuracy (``record["val"]["accuracy"]``); a tie goes to the smaller rate. None until every
+    rate's seed-0 run is among ``records``."""
+    seed0 = {r["recipe"]["lr"]: r for r in records
+             if r["config"]["mixer"] == mixer and r["seed"] == 0 and r["recipe"]["lr"] in lrs}
+    if len(seed0) < len(lrs):
+        return None
+    return max(sorted(lrs), key=lambda lr: (mean_accuracy(seed0[lr]["val"]["accuracy"]), -lr))
+
+
+def sweep_plan(out: Path) -> list[tuple[str, float, int]]:
+    """The (mixer, lr, seed) runs still to train in ``out``: first the seed-0 sweep of every mixer, then
+    seeds 1 and 2 at each mixer's chosen rate (for the mixers whose seed-0 runs are all saved)."""
+    done = {p.stem for p in out.glob("*.json")}
+    plan = [(m, lr, 0) for lr in V2_LRS for m in V2_MIXERS if v2_run_name(m, lr, 0) not in done]
+    records = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(out.glob("*.json"))]
+    for m in V2_MIXERS:
+        lr = select_lr(records, m)
+        if lr is not None:
+            plan += [(m, lr, s) for s in SEEDS[1:] if v2_run_name(m, lr, s) not in done]
+    return plan
+
+
+def loss_tail(record: dict, share: float = 0.1) -> dict:
+    """Has training stopped improving? Per number of pairs, the mean loss of the last ``share`` of that pair
+    count's steps and of the ``share`` before it (from ``losses_by_pairs``): {n: (previous, last)}."""
+    out = {}
+    for n, losses in record["losses_by_pairs"].items():
+        m = max(1, int(len(losses) * share))
+        if len(losses) < 2 * m:
+            raise ValueError(f"{record['run']}: {len(losses)} losses at {n} pairs, too few for two shares of {m}")
+        out[n] = (sum(losses[-2 * m:-m]) / m, sum(losses[-m:]) / m)
+    return out
+
+
+def rows_sha256(rows: list) -> str:
+    """sha256 of the int64 bytes of the given tensors, in order: the fingerprint of a set of rows."""
+    digest = hashlib.sha256()
+    for t in rows:
+        digest.update(t.contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def evaluate(model: RecallModel, vocab_size: int, seed: int, rows: int, style: str) -> tuple[dict, str]:
+    """Accuracy per number of pairs on ``rows`` rows each, drawn from seed ``seed``; and the rows' sha256."""
+    generator, accuracy, drawn = torch.Generator().manual_seed(seed), {}, []
+    for n in EVAL_PAIRS:
+        inputs, targets = mqar(rows, SEQ_LEN, n, vocab_size, generator=generator, style=style)
+        accuracy[str(n)] = round(recall_accuracy(model, inputs, targets), 4)
+        drawn += [inputs, targets]
+    return accuracy, rows_sha256(drawn)
+
+
 def train(config: RecallConfig, seed: int, *, steps: int, batch: int, lr: float, warmup: int = 20,
-          weight_decay: float = 0.01, train_pairs=TRAIN_PAIRS, log_every: int = 25) -> tuple[RecallModel, dict]:
-    """Train one model; returns it and its JSON record."""
+          weight_decay: float = 0.01, train_pairs=TRAIN_PAIRS, log_every: int = 25, style: str = "notebook",
+          name: str | None = None, validate: bool = False) -> tuple[RecallModel, dict]:
+    """Train one model; returns it and its JSON record.
+
+    ``style`` is the MQAR form of the training, validation and evaluation rows. ``validate`` (the swept
+    protocol) adds the accuracies on the validation rows, the rows' sha256 and every step's loss grouped by
+    number of pairs (``losses_by_pairs[str(n)]``: the losses of steps with n pairs, in order)."""
     torch.manual_seed(seed)
     model = RecallModel(config)
     data = torch.Generator().manual_seed(1000 + seed)
@@ -72,25 +180,30 @@ def train(config: RecallConfig, seed: int, *, steps: int, batch: int, lr: float,
     schedule = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps)))
     losses, wall, cpu = [], time.perf_counter(), time.process_time()
+    by_pairs = {str(n): [] for n in train_pairs}
     model.train()
     for step in range(steps):
-        inputs, targets = mqar(batch, SEQ_LEN, train_pairs[step % len(train_pairs)], config.vocab_size, generator=data)
+        n = train_pairs[step % len(train_pairs)]
+        if style == "notebook":     # the first protocol's call, unchanged (same rows from the same stream)
+            inputs, targets = mqar(batch, SEQ_LEN, n, config.vocab_size, generator=data)
+        else:
+            inputs, targets = mqar(batch, SEQ_LEN, n, config.vocab_size, generator=data, style=style)
         loss = F.cross_entropy(model(inputs).transpose(1, 2), targets)
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         schedule.step()
+        if validate:
+            by_pairs[str(n)].append(round(loss.item(), 4))
         if (step + 1) % log_every == 0:
             losses.append({"step": step + 1, "loss": round(loss.item(), 4)})
+            if validate:
+                losses[-1]["pairs"] = n
     seconds, cpu_seconds = time.perf_counter() - wall, time.process_time() - cpu
-    evaluation = torch.Generator().manual_seed(EVAL_SEED)
-    accuracy = {}
-    for n in EVAL_PAIRS:
-        inputs, targets = mqar(EVAL_ROWS, SEQ_LEN, n, config.vocab_size, generator=evaluation)
-        accuracy[str(n)] = round(recall_accuracy(model, inputs, targets), 4)
+    accuracy, eval_sha = evaluate(model, config.vocab_size, EVAL_SEED, EVAL_ROWS, style)
     record = {
-        "run": run_name(config, seed), "config": config.__dict__.copy(), "n_params": count_parameters(model),
+        "run": name or run_name(config, seed), "config": config.__dict__.copy(), "n_params": count_parameters(model),
         "recipe": {"steps": steps, "batch": batch, "seq_len": SEQ_LEN, "lr": lr, "warmup": warmup,
                    "schedule": "linear warmup, cosine decay", "weight_decay": weight_decay, "grad_clip": 1.0,
                    "optimizer": "AdamW", "train_pairs": list(train_pairs)},
@@ -99,6 +212,17 @@ def train(config: RecallConfig, seed: int, *, steps: int, batch: int, lr: float,
         "seconds": round(seconds, 1), "cpu_seconds": round(cpu_seconds, 1), "threads": torch.get_num_threads(),
         "torch": torch.__version__, "losses": losses, "accuracy": accuracy,
     }
+    if validate:
+        val_accuracy, val_sha = evaluate(model, config.vocab_size, VAL_SEED, VAL_ROWS, style)
+        record["protocol"] = "v2"
+        record["recipe"]["mqar_style"] = style
+        record["eval"]["sha256"] = eval_sha
+        record["val"] = {"seed": VAL_SEED, "rows": VAL_ROWS, "pairs": list(EVAL_PAIRS), "sha256": val_sha,
+                         "accuracy": val_accuracy}
+        record["selection"] = ("per mixer, the learning rate whose seed-0 run has the highest mean validation "
+                               "accuracy over the pair counts; a tie goes to the smaller rate")
+        record["command"] = "OMP_NUM_THREADS=1 python -m selfattn_lite.course.train_recall --sweep"
+        record["losses_by_pairs"] = by_pairs
     return model.eval(), record
 
 
@@ -110,12 +234,32 @@ def save(model: RecallModel, record: dict, out: Path) -> None:
     weights = out / f"{record['run']}.safetensors"
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(weights))
     weights.chmod(0o644)
-    (out / f"{record['run']}.json").write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    record = dict(record)
+    by_pairs = record.pop("losses_by_pairs", None)
+    text = json.dumps(record, indent=1)
+    if by_pairs is not None:       # every step's loss: one line per number of pairs
+        lines = ",\n".join(f"  {json.dumps(n)}: {json.dumps(v)}" for n, v in by_pairs.items())
+        text = text[:-2] + ',\n "losses_by_pairs": {\n' + lines + "\n }\n}"
+    (out / f"{record['run']}.json").write_text(text + "\n", encoding="utf-8")
+
+
+def run_sweep(out: Path, steps: int = V2_STEPS, batch: int = BATCH) -> None:
+    """Train the swept protocol's runs still missing in ``out`` (see the module docstring)."""
+    while plan := sweep_plan(out):
+        mixer, lr, seed = plan[0]
+        name = v2_run_name(mixer, lr, seed)
+        model, record = train(v2_config(mixer), seed, steps=steps, batch=batch, lr=lr, style=V2_STYLE,
+                              name=name, validate=True)
+        save(model, record, out)
+        print(f"{name:<26} {record['cpu_seconds']:7.1f} cpu-s  val {record['val']['accuracy']}  "
+              f"eval {record['accuracy']}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--grid", action="store_true", help="train every shipped run (skips runs already saved)")
+    parser.add_argument("--sweep", action="store_true",
+                        help="the swept protocol into data/recall_v2 (skips runs already saved)")
     parser.add_argument("--mixer", default="attention", help="one run: the mixer")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--n-heads", type=int, default=RecallConfig.n_heads)
@@ -124,8 +268,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=STEPS)
     parser.add_argument("--batch", type=int, default=BATCH)
     parser.add_argument("--lr", type=float, default=LR)
-    parser.add_argument("--out", type=Path, default=RECALL_DIR)
+    parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
+    if args.sweep:
+        run_sweep(args.out or RECALL_V2_DIR, steps=args.steps if args.steps != STEPS else V2_STEPS,
+                  batch=args.batch)
+        return 0
+    args.out = args.out or RECALL_DIR
     if args.grid:
         runs = grid()
     else:
