@@ -42,7 +42,7 @@ from fractions import Fraction
 import torch
 from torch import Tensor
 
-from ._checks import check_ids, check_positive_int, check_tensor
+from ._checks import check_ids, check_positive_int, check_real, check_tensor
 
 __all__ = ["IGNORE_INDEX", "FILLER", "STYLES", "ZOOLOGY_VOCAB", "mqar", "zoology_query_weights", "key_range",
            "value_range", "query_distances", "NO_RECALL_STRATEGIES", "no_recall_floor", "no_recall_loss",
@@ -62,8 +62,7 @@ def zoology_query_weights(n_slots: int, power_a: float = 0.01) -> Tensor:
     Taught in notebook 16, "1. The task: multi-query associative recall".
     """
     check_positive_int("n_slots", n_slots)
-    if not power_a > 0:
-        raise ValueError(f"power_a must be > 0, got {power_a}")
+    power_a = check_real("power_a", power_a, low=0, low_open=True, high=math.inf, high_open=True)
     p = power_a * torch.arange(1, n_slots + 1, dtype=torch.float64) ** (power_a - 1)
     return p / p.sum()
 

@@ -48,7 +48,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._checks import check_choice, check_ids, check_int, check_positive_int, check_real, shape_str
+from ._checks import (
+    check_choice,
+    check_ids,
+    check_int,
+    check_module_dtype,
+    check_positive_int,
+    check_real,
+    check_same_dtype,
+    check_tensor,
+    shape_str,
+)
 from .efficient import linear_attention, sliding_window_mask
 from .masks import causal_mask
 from .multihead import MultiHeadAttention
@@ -119,9 +129,14 @@ class CausalConv(nn.Module):
 
     def __init__(self, d_model: int, width: int = 3):
         super().__init__()
+        d_model, width = check_positive_int("d_model", d_model), check_positive_int("width", width)
         self.conv = nn.Conv1d(d_model, d_model, width, groups=d_model, padding=width - 1)
 
     def forward(self, x: Tensor) -> Tensor:                                   # (B, T, d) -> (B, T, d)
+        check_tensor("x", x, dim=3, layout="(B, T, d)", floating=True)
+        if x.shape[-1] != self.conv.in_channels or x.shape[1] < 1:
+            raise ValueError(f"x {shape_str(x)} must be (B, T >= 1, d={self.conv.in_channels})")
+        check_module_dtype("x", x, self.conv.weight.dtype)
         return self.conv(x.transpose(1, 2))[..., :x.shape[1]].transpose(1, 2)
 
 
@@ -197,6 +212,12 @@ def gdn_gate(a: Tensor, A_log: Tensor, dt_bias: Tensor) -> Tensor:
 
     Taught in notebook 16, "5. The experiment: trained models, three seeds each".
     """
+    for name, t in (("a", a), ("A_log", A_log), ("dt_bias", dt_bias)):
+        check_tensor(name, t, floating=True)
+    if a.dim() < 1 or A_log.shape != (a.shape[-1],) or dt_bias.shape != (a.shape[-1],):
+        raise ValueError(f"A_log {shape_str(A_log)} and dt_bias {shape_str(dt_bias)} must be (h,) for a "
+                         f"{shape_str(a)} (..., h)")
+    check_same_dtype(a=a, A_log=A_log, dt_bias=dt_bias)
     return -torch.exp(A_log) * F.softplus(a + dt_bias)
 
 
