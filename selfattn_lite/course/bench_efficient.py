@@ -95,13 +95,15 @@ def _is_oom(err: BaseException) -> bool:
 
 def measure(ns, *, B: int = 1, H: int = 8, D: int = 64, dtype=torch.float32, device="cpu",
             is_causal: bool = False, block_size=None, budget_s: float = 0.5,
-            memory: bool = True) -> list[dict]:
+            memory: bool = True, fits=None) -> list[dict]:
     """Time (and measure peak memory of) the three implementations at each n.
+
+    ``fits(name, n)``: whether a row runs at n (``timing.TimingPlan.fits(name, L=n)``); rows it
+    declines are left out. Without it, explicit attention is left out where it runs out of device memory.
 
     Returns:
         One dict per (n, implementation): n, impl, ms, ratio_vs_sdpa, peak_mib (None if not
-        measured), max_abs_err. Explicit attention is left out at sizes where it runs out of
-        device memory.
+        measured), max_abs_err.
     """
     device = torch.device(device)
     flops_rate = "tflops" if device.type == "cuda" else "gflops"
@@ -109,8 +111,9 @@ def measure(ns, *, B: int = 1, H: int = 8, D: int = 64, dtype=torch.float32, dev
     for n in ns:
         q, k, v = attention_inputs(B, H, n, D, dtype=dtype, device=device)
         flops = bench.attention_flops(B, H, n, n, D, is_causal=is_causal)
-        calls = implementations(q, k, v, is_causal=is_causal, block_size=block_size)
-        upcast = {EXPLICIT: bench.upcast_dtype(dtype)}      # explicit attention's matmuls run in float32 for half
+        calls = implementations(q, k, v, is_causal=is_causal, block_size=block_size,
+                                explicit=fits is None or fits(EXPLICIT, n))
+        upcast = {EXPLICIT: bench.upcast_dtype(dtype)} if EXPLICIT in calls else {}   # float32 matmuls for half
         try:
             rows = bench.compare(calls, reference=SDPA, flops=flops, device=device, budget_s=budget_s,
                                  compute_dtypes=upcast)
