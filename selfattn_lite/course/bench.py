@@ -578,7 +578,7 @@ class BenchRow:
     ``dtype`` is the tensors' dtype, ``compute_dtype`` the dtype the row's matmuls run in (the
     label shows both when they differ); ``peak_share`` is against the compute dtype's peak.
     ``err_ulps``: max |error| vs the reference in ulps of ``dtype`` at the reference's magnitude.
-    ``backend``: the SDPA backend(s) the row ran (recorded on CUDA), "" if none.
+    ``backend``: the SDPA backend(s) the row ran (asked of torch's profiler: ``sdpa_backends``), "" if none.
     """
 
     name: str
@@ -754,9 +754,8 @@ def _device_line(rows: list[BenchRow]) -> str:
 
     ref = rows[0]
     line = f"device: {ref.device}, {ref.dtype}"
-    backend = ref.backend or next((r.backend for r in rows if r.backend), "")
-    if backend:
-        line += f"; SDPA backend: {backend}"
+    if ref.backend:                                  # the reference ran SDPA: which kernel served it
+        line += f"; SDPA backend: {ref.backend}"
     if ref.device.startswith("CPU"):
         note = timing.device_note()
         if note:
@@ -792,7 +791,7 @@ def format_table(rows: list[BenchRow]) -> str:
         else:
             lines.append(f"% peak: of the dense peak of the row's dtype ({spec.source})")
     precision = any(r.precision != r.dtype for r in rows)
-    backends = any(r.backend and r.backend != ref.backend for r in rows[1:])
+    backends = any(r.backend and r.backend != ref.backend for r in rows[1:])   # another kernel served a row
     w = max(24, *(len(r.name) for r in rows))
     header = f"{'implementation':<{w}} "
     if precision:

@@ -523,7 +523,8 @@ def write_summary(out: str | Path, report: dict | None = None) -> dict:
     lines = [title, "",
              f"{summary['device']}; torch {summary['torch']}, Triton {summary['triton']}, CUDA {summary['cuda']}; "
              f"written {summary['written']} by `{command}`.",
-             "Errors are against a float64 reference from the same bf16 inputs, in bf16 ulps at the reference's "
+             "Errors are against a float64 reference from the same half-precision inputs, in ulps of the row's "
+             "dtype at the reference's "
              "largest magnitude. Sections: " + ", ".join(f"{k} {v}" for k, v in statuses.items()) + ".", "",
              "| " + " | ".join(title for _, title in SUMMARY_COLUMNS) + " |",
              "|" + "---|" * len(SUMMARY_COLUMNS)]
@@ -595,7 +596,9 @@ def show(section: str, directory: str | Path | None = None) -> list | None:
         check = result.get("fp32_check")
         if check and "ulps" in check:
             worst = max(check["ulps"].values())
-            print(f"worst error vs float32: {worst:.1f} bf16 ulps (bound {check['bound_ulps']:g})")
+            dtype = rows[0].dtype if rows else "bfloat16"
+            short = {"bfloat16": "bf16", "float16": "fp16"}.get(dtype, dtype)
+            print(f"worst error vs float32: {worst:.1f} {short} ulps (bound {check['bound_ulps']:g})")
     if table:
         print("GPU report summary (figures/gpu/SUMMARY.md):")
         keys = [k for k, _ in SUMMARY_COLUMNS if k != "notebook"]
