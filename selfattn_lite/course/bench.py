@@ -768,7 +768,7 @@ def format_table(rows: list[BenchRow]) -> str:
 
     The device line names the device, the dtype and the SDPA backend that served the reference row
     (the first); the next line states the ratio's convention (this row's time / the reference's:
-    1.00x = as fast, 2.00x = twice its time). Columns: implementation, the dtype a row computes in
+    1 = as fast, 2 = twice its time). Columns: implementation, the dtype a row computes in
     (only when some row computes in another), median ms, min-max ms over the samples, the ratio,
     the error against the reference in ulps of the output's dtype at its magnitude (``ulp``,
     defined in notebook 01), and on a GPU TFLOP/s and the share of the device's published peak
@@ -780,7 +780,7 @@ def format_table(rows: list[BenchRow]) -> str:
     gpu = not ref.device.startswith("CPU")
     versus = "vs SDPA" if "SDPA" in ref.name else "vs ref"
     lines = [_device_line(rows)]
-    convention = (f"{versus} = this row's time / {ref.name}'s (1.00x: as fast, 2.00x: twice the time); "
+    convention = (f"{versus} = this row's time / {ref.name}'s (1 = as fast, 2 = twice the time); "
                   f"err = max |this row - {ref.name}| in {ref.dtype} ulps")
     lines.append(convention)
     if gpu:
