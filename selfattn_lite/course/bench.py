@@ -3,10 +3,12 @@
 Each notebook compares what it taught against torch's fused
 ``scaled_dot_product_attention`` (SDPA) on the best device present:
 
-* CUDA: bfloat16, realistic sizes, achieved TFLOP/s and the share of the device's peak when
-  the device is known (``DEVICE_SPECS``, matched by its exact name), and the SDPA backend
-  each row ran (``sdpa_backends``).
-* CPU: float32, small sizes so that a whole timing cell stays under 10 s.
+* where, in which dtype and at which sizes: ``timing.timing_setup(notebook)`` decides (CUDA:
+  bfloat16 from compute capability 8.0, float16 below, sizes that fit the device's memory; a CPU,
+  also on a Mac: float32, small sizes so that a whole timing cell stays under 10 s);
+* every table names the device, the dtype and the SDPA backend that ran (``sdpa_backends``), and
+  on a GPU the achieved TFLOP/s and the share of the device's published peak (``DEVICE_SPECS``,
+  matched by name with ``spec_key``).
 
 Every row is checked against the reference output before any time is reported: a fast
 wrong answer is never printed. The agreement required is stated in units in the last
@@ -18,7 +20,7 @@ autotuning, lazy initialisation), then a few warm-up calls, then ``repeat`` samp
 ``number`` back-to-back calls each, read with ``torch.utils.benchmark``'s clock: on a GPU it
 synchronizes the device before reading the time, once at each end of a sample (never between
 calls), so queued kernels are counted and launch gaps overlap with the GPU's work as they do
-in a real program. A row reports the median over samples, the minimum, and the spread (max - min).
+in a real program. A row reports the median over samples and their range (min-max).
 The device is inferred from the tensors a call returns.
 
 FLOPs (``attention_flops``) count the multiply-adds a kernel actually performs, one multiply-add
@@ -56,6 +58,7 @@ __all__ = [
     "default_sizes",
     "device_name",
     "device_spec",
+    "spec_key",
     "peak_tflops",
     "peak_bandwidth_gbs",
     "describe_peak",
@@ -84,31 +87,122 @@ __all__ = [
 
 @dataclass(frozen=True)
 class DeviceSpec:
-    """Published figures of one GPU: dense bf16/fp16 tensor-core TFLOP/s, memory GB/s, source."""
+    """Published dense figures of one GPU, and the data sheet they come from.
 
-    bf16_tflops: float
+    ``bf16_tflops``: bf16 tensor-core TFLOP/s with float32 accumulation, without sparsity (None where the
+    GPU has no bf16 tensor cores, the T4); ``fp16_tflops``: the same for float16 (default: the bf16 rate);
+    ``fp32_tflops``: plain float32 (CUDA cores, no TF32); ``memory_gbs``: memory bandwidth in GB/s;
+    ``source``: the document's name and URL.
+    """
+
+    bf16_tflops: float | None
     memory_gbs: float
     source: str
+    fp16_tflops: float | None = None
+    fp32_tflops: float | None = None
+
+    @property
+    def half_tflops(self) -> float | None:
+        """The float16 tensor-core rate (the bf16 rate where the sheet gives one figure for both)."""
+        return self.fp16_tflops if self.fp16_tflops is not None else self.bf16_tflops
 
 
-# Keyed by the exact string torch.cuda.get_device_name() returns. Dense figures (NVIDIA's data
-# sheets print bf16 "with sparsity", twice the dense rate; the sparse figure is halved here).
-# A device that is not listed (for example "NVIDIA H200 NVL", whose data-sheet figures could not
-# be checked for this table) reports "unknown peak": `make gpu-report` measures the peak instead.
+_H100_SHEET = "NVIDIA H100 Tensor Core GPU data sheet, https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet"
+_A100_SHEET = ("NVIDIA A100 Tensor Core GPU data sheet, https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/"
+               "a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf")
+
+# Keyed by the name torch.cuda.get_device_name() returns on each GPU; other spellings of the same part are matched
+# by ``device_spec`` (``_SPEC_RULES``). Dense figures: the data sheets print tensor-core rates "with sparsity",
+# twice the dense rate, for the A100 and later; the dense figure is given here (sparse / 2). The GeForce
+# whitepapers give the rate with float32 accumulation (what torch's matmuls use) apart from float16 accumulation.
 DEVICE_SPECS: dict[str, DeviceSpec] = {
-    # NVIDIA H200 data sheet, H200 SXM column: BF16 Tensor Core 1,979 TFLOPS with sparsity; 4.8 TB/s HBM3e.
-    "NVIDIA H200": DeviceSpec(989.4, 4800.0, "NVIDIA H200 data sheet (SXM): 1,979 sparse / 2 TFLOP/s, 4.8 TB/s"),
-    # NVIDIA H100 data sheet, SXM column (reported as "NVIDIA H100 80GB HBM3"): 1,979 sparse; 3,350 GB/s.
-    "NVIDIA H100 80GB HBM3": DeviceSpec(989.4, 3350.0,
-                                        "NVIDIA H100 data sheet (SXM): 1,979 sparse / 2 TFLOP/s, 3.35 TB/s"),
-    # NVIDIA H100 data sheet, PCIe column: 1,513 sparse; 2,000 GB/s.
-    "NVIDIA H100 PCIe": DeviceSpec(756.5, 2000.0, "NVIDIA H100 data sheet (PCIe): 1,513 sparse / 2 TFLOP/s, 2 TB/s"),
-    # NVIDIA A100 data sheet: BF16 Tensor Core 312 TFLOPS dense (624 sparse); 80GB SXM 2,039 GB/s, 40GB 1,555 GB/s.
-    "NVIDIA A100-SXM4-80GB": DeviceSpec(312.0, 2039.0, "NVIDIA A100 data sheet (80GB SXM): 312 TFLOP/s, 2,039 GB/s"),
-    "NVIDIA A100-SXM4-40GB": DeviceSpec(312.0, 1555.0, "NVIDIA A100 data sheet (40GB SXM): 312 TFLOP/s, 1,555 GB/s"),
-    # NVIDIA L40S data sheet: BF16 Tensor Core 362.05 TFLOPS dense (733 sparse); 864 GB/s GDDR6.
-    "NVIDIA L40S": DeviceSpec(362.05, 864.0, "NVIDIA L40S data sheet: 362.05 TFLOP/s, 864 GB/s"),
+    # T4 data sheet: Mixed Precision (FP16/FP32) 65 TFLOPS, Single-Precision 8.1 TFLOPS, 320+ GB/s; no bf16.
+    "Tesla T4": DeviceSpec(None, 320.0, "NVIDIA T4 Tensor Core GPU data sheet, https://www.nvidia.com/content/"
+                           "dam/en-zz/Solutions/Data-Center/tesla-t4/t4-tensor-core-datasheet-951643.pdf",
+                           fp16_tflops=65.0, fp32_tflops=8.1),
+    # L4 data sheet: BF16/FP16 Tensor Core 242 TFLOPS with sparsity; FP32 30.3 TFLOPS; 300 GB/s.
+    "NVIDIA L4": DeviceSpec(121.0, 300.0, "NVIDIA L4 Tensor Core GPU data sheet, "
+                            "https://resources.nvidia.com/en-us-data-center-overview/l4-gpu-datasheet",
+                            fp32_tflops=30.3),
+    # NVIDIA publishes no A10G data sheet (AWS's part); its figures as compared with the A10's data sheet:
+    # BF16/FP16 tensor 70 TFLOPS dense, FP32 35 TFLOPS, 600 GB/s.
+    "NVIDIA A10G": DeviceSpec(70.0, 600.0, "no NVIDIA data sheet; Baseten, 'NVIDIA A10 vs A10G for ML model "
+                              "inference', https://www.baseten.co/blog/nvidia-a10-vs-a10g-for-ml-model-inference/",
+                              fp32_tflops=35.0),
+    # A100 data sheet: BF16 Tensor Core 312 TFLOPS dense (624 sparse), FP32 19.5 TFLOPS; 40GB 1,555 GB/s,
+    # 80GB PCIe 1,935 GB/s, 80GB SXM 2,039 GB/s.
+    "NVIDIA A100-PCIE-40GB": DeviceSpec(312.0, 1555.0, _A100_SHEET + " (40GB PCIe)", fp32_tflops=19.5),
+    "NVIDIA A100-SXM4-40GB": DeviceSpec(312.0, 1555.0, _A100_SHEET + " (40GB SXM)", fp32_tflops=19.5),
+    "NVIDIA A100 80GB PCIe": DeviceSpec(312.0, 1935.0, _A100_SHEET + " (80GB PCIe)", fp32_tflops=19.5),
+    "NVIDIA A100-SXM4-80GB": DeviceSpec(312.0, 2039.0, _A100_SHEET + " (80GB SXM)", fp32_tflops=19.5),
+    # GA102 whitepaper, RTX 3090: Peak FP16/BF16 Tensor TFLOPS with FP32 Accumulate 71 (142 sparse); FP32 35.6;
+    # 936 GB/s.
+    "NVIDIA GeForce RTX 3090": DeviceSpec(71.0, 936.0, "NVIDIA Ampere GA102 GPU Architecture whitepaper, https://www."
+                                          "nvidia.com/content/PDF/nvidia-ampere-ga-102-gpu-architecture-whitepaper-v2.pdf",
+                                          fp32_tflops=35.6),
+    # Ada whitepaper, RTX 4090: Peak FP16/BF16 Tensor TFLOPS with FP32 Accumulate 165.2 (330.4 sparse); FP32 82.6;
+    # 1,008 GB/s.
+    "NVIDIA GeForce RTX 4090": DeviceSpec(165.2, 1008.0, "NVIDIA Ada GPU Architecture whitepaper, https://images.nvidia"
+                                          ".com/aem-dam/Solutions/geforce/ada/nvidia-ada-gpu-architecture.pdf",
+                                          fp32_tflops=82.6),
+    # L40S data sheet: BF16 Tensor Core 362.05 TFLOPS dense (733 sparse); FP32 91.6; 864 GB/s.
+    "NVIDIA L40S": DeviceSpec(362.05, 864.0, "NVIDIA L40S data sheet, https://resources.nvidia.com/en-us-l40s/"
+                              "l40s-datasheet-28413", fp32_tflops=91.6),
+    # H100 data sheet: BF16 Tensor Core 1,979 (SXM) / 1,513 (PCIe) / 1,671 (NVL) TFLOPS with sparsity; FP32 67 / 51 /
+    # 60 TFLOPS; 3.35 / 2 / 3.9 TB/s. The SXM part reports itself as "NVIDIA H100 80GB HBM3".
+    "NVIDIA H100 80GB HBM3": DeviceSpec(989.4, 3350.0, _H100_SHEET + " (SXM)", fp32_tflops=67.0),
+    "NVIDIA H100 PCIe": DeviceSpec(756.5, 2000.0, _H100_SHEET + " (PCIe)", fp32_tflops=51.0),
+    "NVIDIA H100 NVL": DeviceSpec(835.5, 3900.0, _H100_SHEET + " (NVL)", fp32_tflops=60.0),
+    # H200 data sheet, H200 SXM column: BF16 Tensor Core 1,979 TFLOPS with sparsity; FP32 67 TFLOPS; 4.8 TB/s.
+    # (The H200 NVL, "NVIDIA H200 NVL", is another part: not listed, so its peak reads as unknown.)
+    "NVIDIA H200": DeviceSpec(989.4, 4800.0, "NVIDIA H200 Tensor Core GPU data sheet, "
+                              "https://www.nvidia.com/en-us/data-center/h200/ (SXM)", fp32_tflops=67.0),
 }
+
+
+def _tokens(name: str) -> list[str]:
+    """A device name's words, lower case, without the vendor and brand words: "NVIDIA A100-SXM4-80GB" ->
+    ["a100", "sxm4", "80gb"]."""
+    import re
+
+    words = re.split(r"[\s\-_]+", name.lower())
+    return [w for w in words if w and w not in ("nvidia", "tesla", "geforce")]
+
+
+def spec_key(name: str) -> str | None:
+    """The ``DEVICE_SPECS`` key of a device name as torch reports it, matched by its words, or None.
+
+    "NVIDIA A100-SXM4-80GB" and "A100 SXM 80GB" match the same part; a variant with other figures
+    ("RTX 3090 Ti", "H200 NVL", "RTX 4090 D") does not match the base part.
+    """
+    if name in DEVICE_SPECS:
+        return name
+    words = _tokens(name)
+    w = set(words)
+    memory = next((x for x in words if x.endswith("gb")), "")
+    if w == {"t4"}:
+        return "Tesla T4"
+    if w == {"l4"}:
+        return "NVIDIA L4"
+    if w == {"l40s"}:
+        return "NVIDIA L40S"
+    if w == {"a10g"}:
+        return "NVIDIA A10G"
+    if "a100" in w and w <= {"a100", "sxm", "sxm4", "pcie", "40gb", "80gb"}:
+        form = "pcie" if "pcie" in w else "sxm"
+        size = "80GB" if memory == "80gb" else "40GB"
+        return {("pcie", "40GB"): "NVIDIA A100-PCIE-40GB", ("sxm", "40GB"): "NVIDIA A100-SXM4-40GB",
+                ("pcie", "80GB"): "NVIDIA A100 80GB PCIe", ("sxm", "80GB"): "NVIDIA A100-SXM4-80GB"}[(form, size)]
+    if w == {"rtx", "3090"}:
+        return "NVIDIA GeForce RTX 3090"
+    if w == {"rtx", "4090"}:
+        return "NVIDIA GeForce RTX 4090"
+    if "h100" in w and w <= {"h100", "sxm", "sxm5", "pcie", "nvl", "80gb", "94gb", "hbm3", "hbm2e"}:
+        return ("NVIDIA H100 NVL" if "nvl" in w else "NVIDIA H100 PCIe" if "pcie" in w else "NVIDIA H100 80GB HBM3")
+    if "h200" in w and w <= {"h200", "sxm", "141gb", "hbm3e"}:
+        return "NVIDIA H200"
+    return None
+
 
 # torch's flash kernel takes head sizes up to 256 (its cuDNN kernel: 128, or 256 on Hopper with cuDNN >= 9.10;
 # the memory-efficient kernel has no upper bound, only an alignment rule: aten/src/ATen/native/transformers/
@@ -147,19 +241,29 @@ def device_name(device: torch.device | str) -> str:
 
 
 def device_spec(device: torch.device | str) -> DeviceSpec | None:
-    """The published figures of a CUDA device, matched by its exact name; None if unknown or not CUDA."""
+    """The published figures of a CUDA device (its name matched by ``spec_key``); None if unknown or not CUDA."""
     device = torch.device(device)
     if device.type != "cuda":
         return None
-    return DEVICE_SPECS.get(torch.cuda.get_device_name(device))
+    key = spec_key(torch.cuda.get_device_name(device))
+    return None if key is None else DEVICE_SPECS[key]
+
+
+def _peak_of(spec: DeviceSpec | None, dtype: torch.dtype) -> float | None:
+    if spec is None:
+        return None
+    if dtype == torch.bfloat16:
+        return spec.bf16_tflops
+    if dtype == torch.float16:
+        return spec.half_tflops
+    if dtype == torch.float32:
+        return spec.fp32_tflops
+    return None
 
 
 def peak_tflops(device: torch.device | str, dtype: torch.dtype = torch.bfloat16) -> float | None:
-    """Dense bf16/fp16 tensor-core peak of a listed GPU (exact name), else None (CPUs, float32: None)."""
-    if dtype not in (torch.bfloat16, torch.float16):
-        return None
-    spec = device_spec(device)
-    return None if spec is None else spec.bf16_tflops
+    """Dense peak of a listed GPU in ``dtype`` (bf16/fp16 tensor cores, or plain float32); None on a CPU or unknown."""
+    return _peak_of(device_spec(device), dtype)
 
 
 def peak_bandwidth_gbs(device: torch.device | str) -> float | None:
@@ -193,12 +297,19 @@ def check_head_dim(D: int, device: torch.device | str) -> None:
 
 
 def default_sizes(device: torch.device | str | None = None) -> dict:
-    """Attention sizes for a timing cell: realistic on CUDA, small on CPU."""
+    """Attention sizes for a timing cell: notebook 01's plan (``timing.timing_setup("nb01")``).
+
+    On CUDA: the largest of its candidate sizes that fits the device's memory, in bfloat16 from
+    compute capability 8.0, float16 below; on a CPU: B=1, H=8, L=S=512, D=64, float32.
+    """
+    from . import timing
+
     device = torch.device(device) if device is not None else best_device()
-    if device.type == "cuda":
-        # the explicit path materialises (B, H, L, S) float32 scores: 2 GiB at these sizes
-        return dict(B=2, H=16, L=4096, S=4096, D=128, dtype=torch.bfloat16)
-    return dict(B=1, H=8, L=512, S=512, D=64, dtype=torch.float32)
+    info = timing.DeviceInfo.probe() if device.type == "cuda" else timing.DeviceInfo("cpu", device_name("cpu"))
+    plan = timing.timing_setup("nb01", info)
+    sizes = plan.sizes
+    return dict(B=sizes["B"], H=sizes["H"], L=sizes["L"], S=sizes.get("S", sizes["L"]), D=sizes["D"],
+                dtype=plan.dtype)
 
 
 def randn(*shape: int, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
@@ -299,13 +410,14 @@ def assert_close_ulps(actual: torch.Tensor, expected: torch.Tensor, ulps: float 
 # Which SDPA backend ran
 # ---------------------------------------------------------------------------------------------
 
-# The aten op torch's scaled_dot_product_attention dispatches to, by backend (names from the
-# profiler's record of aten ops; the same on every device).
+# The aten op torch's scaled_dot_product_attention dispatches to, by backend: the names the profiler records
+# (torch 2.13's ops, ``torch.ops.aten._scaled_dot_product_*``; ``_scaled_dot_product_attention_math`` is the math
+# fallback, ``_scaled_dot_product_flash_attention_for_cpu`` the CPU's fused kernel).
 SDPA_OPS = {
     "aten::_scaled_dot_product_flash_attention": "flash",
     "aten::_scaled_dot_product_flash_attention_for_cpu": "flash (CPU)",
-    "aten::_scaled_dot_product_efficient_attention": "efficient",
-    "aten::_scaled_dot_product_cudnn_attention": "cudnn",
+    "aten::_scaled_dot_product_efficient_attention": "memory-efficient",
+    "aten::_scaled_dot_product_cudnn_attention": "cuDNN",
     "aten::_scaled_dot_product_fused_attention_overrideable": "overrideable",
     "aten::_scaled_dot_product_attention_math": "math",
     "aten::_scaled_dot_product_attention_math_for_mps": "math (MPS)",
@@ -454,7 +566,7 @@ class BenchRow:
     ``dtype`` is the tensors' dtype, ``compute_dtype`` the dtype the row's matmuls run in (the
     label shows both when they differ); ``peak_share`` is against the compute dtype's peak.
     ``err_ulps``: max |error| vs the reference in ulps of ``dtype`` at the reference's magnitude.
-    ``backend``: the SDPA backend(s) the row ran (recorded on CUDA), "" if none.
+    ``backend``: the SDPA backend(s) the row ran (asked of torch's profiler: ``sdpa_backends``), "" if none.
     """
 
     name: str
@@ -528,8 +640,7 @@ def compare(impls: dict[str, Callable[[], object]], *, reference: str,
         ulps: the default bound in ulps (``DEFAULT_ULPS[dtype]`` when None).
         compute_dtypes: name -> dtype a row's matmuls run in, when not the output's dtype
             (e.g. float32 for explicit attention on bf16 inputs); used for the label and the peak.
-        record_backend: record the SDPA backend per row (default: on CUDA only; it costs one
-            profiled call per row).
+        record_backend: record the SDPA backend per row (default True; it costs one profiled call per row).
 
     Returns:
         One ``BenchRow`` per implementation, the reference first.
@@ -559,7 +670,7 @@ def compare(impls: dict[str, Callable[[], object]], *, reference: str,
         del got
         timings = {name: time_stats(fn, device=device, budget_s=budget_s) for name, fn in impls.items()}
     if record_backend is None:
-        record_backend = device.type == "cuda"
+        record_backend = True
     backends = {name: ", ".join(sdpa_backends(fn)) for name, fn in impls.items()} if record_backend else {}
     rows = []
     for name in [reference] + [n for n in impls if n != reference]:
@@ -624,31 +735,76 @@ def _fmt(x: float | None, spec: str) -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 
 
+def _device_line(rows: list[BenchRow]) -> str:
+    """"device: NVIDIA H200, bfloat16; SDPA backend: flash" (on a Mac: why the CPU)."""
+    from . import timing
+
+    ref = rows[0]
+    line = f"device: {ref.device}, {ref.dtype}"
+    if ref.backend:                                  # the reference ran SDPA: which kernel served it
+        line += f"; SDPA backend: {ref.backend}"
+    if ref.device.startswith("CPU"):
+        note = timing.device_note()
+        if note:
+            line += f"; {note}"
+    return line
+
+
 def format_table(rows: list[BenchRow]) -> str:
-    """A readable fixed-width table of rows: median time, min, spread, rate, share of peak, error in ulps."""
+    """The table a timing cell prints: what ran, then per row its median time, min-max, time / the reference's, error.
+
+    The device line names the device, the dtype and the SDPA backend that served the reference row
+    (the first); the next line states the ratio's convention (this row's time / the reference's:
+    1 = as fast, 2 = twice its time). Columns: implementation, the dtype a row computes in
+    (only when some row computes in another), median ms, min-max ms over the samples, the ratio,
+    the error against the reference in ulps of the output's dtype at its magnitude (``ulp``,
+    defined in notebook 01), and on a GPU TFLOP/s and the share of the device's published peak
+    (``DEVICE_SPECS``). A row whose SDPA backend differs from the reference's names it.
+    """
     if not rows:
         return "(no rows)"
-    tera = rows[0].device.startswith("CPU") is False
-    rate = "TFLOP/s" if tera else "GFLOP/s"
-    spec = DEVICE_SPECS.get(rows[0].device)
-    peak = "" if not tera else (f", peak {spec.bf16_tflops:g} TFLOP/s bf16 ({spec.source})" if spec
-                                else ", unknown peak (device not in bench.DEVICE_SPECS)")
-    backends = any(r.backend for r in rows)
-    w = max(28, *(len(r.name) for r in rows))
-    header = (f"{'implementation':<{w}} {'precision':<20} {'median ms':>10} {'min ms':>9} {'spread':>7} "
-              f"{rate:>8} {'% peak':>7} {'vs ref':>7} {'err ulps':>8}" + ("  SDPA backend" if backends else ""))
-    lines = [f"device: {rows[0].device}{peak}; reference (first row): {rows[0].name}", header, "-" * len(header)]
+    ref = rows[0]
+    gpu = not ref.device.startswith("CPU")
+    versus = "vs SDPA" if "SDPA" in ref.name else "vs ref"
+    lines = [_device_line(rows)]
+    convention = (f"{versus} = this row's time / {ref.name}'s (1 = as fast, 2 = twice the time); "
+                  f"err = max |this row - {ref.name}| in {ref.dtype} ulps")
+    lines.append(convention)
+    if gpu:
+        key = spec_key(ref.device)
+        spec = DEVICE_SPECS.get(key) if key else None
+        if spec is None:
+            lines.append("% peak: unknown peak (device not in bench.DEVICE_SPECS)")
+        else:
+            lines.append(f"% peak: of the dense peak of the row's dtype ({spec.source})")
+    precision = any(r.precision != r.dtype for r in rows)
+    backends = any(r.backend and r.backend != ref.backend for r in rows[1:])   # another kernel served a row
+    w = max(24, *(len(r.name) for r in rows))
+    header = f"{'implementation':<{w}} "
+    if precision:
+        header += f"{'computes in':<20} "
+    header += f"{'median ms':>10} {'min-max ms':>17} {versus:>8} {'err (ulps)':>10}"
+    if gpu:
+        header += f" {'TFLOP/s':>8} {'% peak':>7}"
+    if backends:
+        header += "  SDPA backend"
+    lines += [header, "-" * len(header)]
     for r in rows:
-        flops = r.tflops if tera else r.gflops
-        share = None if r.peak_share is None else 100 * r.peak_share
-        spread = None if r.spread_seconds is None else 100 * r.spread_seconds / r.seconds
-        min_ms = None if r.min_seconds is None else 1e3 * r.min_seconds
-        line = (f"{r.name:<{w}} {r.precision:<20} {r.ms:>10.3f} {_fmt(min_ms, '.3f'):>9} "
-                f"{_fmt(spread, '.0f') + ('%' if spread is not None else ''):>7} {_fmt(flops, '.1f'):>8} "
-                f"{_fmt(share, '.1f'):>7} {r.ratio:>6.2f}x {_fmt(r.err_ulps, '.1f'):>8}")
+        line = f"{r.name:<{w}} "
+        if precision:
+            line += f"{r.precision:<20} "
+        if r.min_seconds is not None and r.spread_seconds is not None:
+            lo, hi = 1e3 * r.min_seconds, 1e3 * (r.min_seconds + r.spread_seconds)
+            span = f"{lo:.3f}-{hi:.3f}"
+        else:
+            span = "-"
+        line += f"{r.ms:>10.3f} {span:>17} {r.ratio:>7.2f}x {_fmt(r.err_ulps, '.1f'):>10}"
+        if gpu:
+            share = None if r.peak_share is None else 100 * r.peak_share
+            line += f" {_fmt(r.tflops, '.1f'):>8} {_fmt(share, '.1f'):>7}"
         if backends:
             line += f"  {r.backend or '-'}"
-        lines.append(line)
+        lines.append(line.rstrip())
     return "\n".join(lines)
 
 

@@ -95,13 +95,15 @@ def _is_oom(err: BaseException) -> bool:
 
 def measure(ns, *, B: int = 1, H: int = 8, D: int = 64, dtype=torch.float32, device="cpu",
             is_causal: bool = False, block_size=None, budget_s: float = 0.5,
-            memory: bool = True) -> list[dict]:
+            memory: bool = True, fits=None) -> list[dict]:
     """Time (and measure peak memory of) the three implementations at each n.
 
+    ``fits(name, n)``: whether a row runs at n (``timing.TimingPlan.fits(name, L=n)``); rows it
+    declines are left out. Without it, explicit attention is left out where it runs out of device memory.
+
     Returns:
-        One dict per (n, implementation): n, impl, ms, ratio_vs_sdpa, peak_mib (None if not
-        measured), max_abs_err. Explicit attention is left out at sizes where it runs out of
-        device memory.
+        One dict per (n, implementation): n, impl, ms (median), min_ms and max_ms (over the samples),
+        ratio_vs_sdpa, peak_mib (None if not measured), max_abs_err.
     """
     device = torch.device(device)
     flops_rate = "tflops" if device.type == "cuda" else "gflops"
@@ -109,8 +111,9 @@ def measure(ns, *, B: int = 1, H: int = 8, D: int = 64, dtype=torch.float32, dev
     for n in ns:
         q, k, v = attention_inputs(B, H, n, D, dtype=dtype, device=device)
         flops = bench.attention_flops(B, H, n, n, D, is_causal=is_causal)
-        calls = implementations(q, k, v, is_causal=is_causal, block_size=block_size)
-        upcast = {EXPLICIT: bench.upcast_dtype(dtype)}      # explicit attention's matmuls run in float32 for half
+        calls = implementations(q, k, v, is_causal=is_causal, block_size=block_size,
+                                explicit=fits is None or fits(EXPLICIT, n))
+        upcast = {EXPLICIT: bench.upcast_dtype(dtype)} if EXPLICIT in calls else {}   # float32 matmuls for half
         try:
             rows = bench.compare(calls, reference=SDPA, flops=flops, device=device, budget_s=budget_s,
                                  compute_dtypes=upcast)
@@ -123,7 +126,9 @@ def measure(ns, *, B: int = 1, H: int = 8, D: int = 64, dtype=torch.float32, dev
             rows = bench.compare(calls, reference=SDPA, flops=flops, device=device, budget_s=budget_s)
         for row in rows:
             peak = peak_memory(calls[row.name], device) / 2**20 if memory else None
-            records.append(dict(n=n, impl=row.name, ms=row.ms, ratio_vs_sdpa=row.ratio, peak_mib=peak,
+            records.append(dict(n=n, impl=row.name, ms=row.ms, min_ms=1e3 * row.min_seconds,
+                                max_ms=1e3 * (row.min_seconds + row.spread_seconds), ratio_vs_sdpa=row.ratio,
+                                peak_mib=peak,
                                 max_abs_err=row.max_abs_err, flops=flops, device=row.device, dtype=row.dtype,
                                 compute_dtype=row.compute_dtype, err_ulps=row.err_ulps, backend=row.backend,
                                 **{flops_rate: getattr(row, flops_rate)}))
@@ -137,7 +142,9 @@ def bench_rows(records: list[dict], n: int) -> list[bench.BenchRow]:
     """The records of one n as ``bench.BenchRow`` objects, for ``bench.print_table`` and ``bench.plot_rows``."""
     rows = [bench.BenchRow(name=r["impl"], seconds=r["ms"] / 1e3, flops=r["flops"], ratio=r["ratio_vs_sdpa"],
                            max_abs_err=r["max_abs_err"], device=r["device"], dtype=r["dtype"],
-                           compute_dtype=r.get("compute_dtype"), err_ulps=r.get("err_ulps"), backend=r.get("backend"))
+                           compute_dtype=r.get("compute_dtype"), err_ulps=r.get("err_ulps"), backend=r.get("backend"),
+                           min_seconds=r["min_ms"] / 1e3 if r.get("min_ms") is not None else None,
+                           spread_seconds=(r["max_ms"] - r["min_ms"]) / 1e3 if r.get("min_ms") is not None else None)
             for r in records if r["n"] == n]
     if not rows:
         raise ValueError(f"no records for n={n}; measured: {sorted({r['n'] for r in records})}")

@@ -28,18 +28,21 @@ The sections, in order (``SECTIONS``; * = also in ``--quick``):
 
 * ``provenance`` *: torch, Triton, CUDA, cuDNN and driver versions; device name, SM count,
   clocks, memory; TF32 and SDPA backend flags.
-* ``calibrate`` *: a measured bf16 GEMM (8192^3) and device-to-device copy (2 GiB), against the
+* ``calibrate`` *: a measured GEMM (8192^3, in the GPU's timing dtype: bf16, fp16 below compute
+  capability 8.0) and device-to-device copy (2 GiB), against the
   device's published peak and bandwidth (``bench.DEVICE_SPECS``; "unknown" when not listed).
 * ``triton_d64``, ``triton_d128`` *: notebook 15's Triton kernel (the public
   ``triton_attention.flash_attention`` and its autograd backward) against torch SDPA at B = 4,
-  H = 16, N = 4096, bf16, causal and not: forward and backward times, TFLOP/s, share of peak, the
+  H = 16, N = 4096 (a smaller batch where the GPU's memory asks for one: ``timing.PROBLEMS["kernels"]``),
+  in the GPU's timing dtype, causal and not: forward and backward times, TFLOP/s, share of peak, the
   SDPA backend that ran, and every output's (and gradient's) error against float64 in bf16 ulps.
 * ``tiled`` *: notebook 08's tiled ``efficient.flash_attention`` against SDPA at the same sizes
   (d = 128), with its error against float64.
 * ``tests``: the package tests on CUDA (the device-parametrized ones run there too), time-capped;
   pytest runs in its own process group, killed as a whole on timeout.
-* ``nb01`` ... ``nb10``: each notebook's timing comparison at full size in bf16, inputs drawn on
-  the device, every output checked against a float32 reference in ulps (``gpu_sections``); ``nb08``
+* ``nb01`` ... ``nb10``: each notebook's timing comparison at the sizes and in the dtype its timing cell
+  uses on this GPU (``timing.timing_setup``), inputs drawn on the device, every output checked against a
+  float32 reference in ulps (``gpu_sections``); ``nb08``
   is notebook 08's benchmark up to 16k tokens.
 * ``nb11``: notebook 11's forward + backward benchmark (explicit, tiled, SDPA), time and peak memory.
 * ``nb16``: notebook 16's decoding step: SDPA over caches up to 64k tokens against one step of each
@@ -219,12 +222,11 @@ def provenance(ctx) -> dict:
 
 
 def _time_gemm(ctx, n: int):
-    import torch
 
     from . import bench
 
-    a = bench.randn(n, n, device=ctx.device, dtype=torch.bfloat16, seed=0)
-    b = bench.randn(n, n, device=ctx.device, dtype=torch.bfloat16, seed=1)
+    a = bench.randn(n, n, device=ctx.device, dtype=ctx.dtype, seed=0)
+    b = bench.randn(n, n, device=ctx.device, dtype=ctx.dtype, seed=1)
     return bench.time_stats(lambda: a @ b, device=ctx.device, budget_s=ctx.pick(1.0, 0.05))
 
 
@@ -239,8 +241,8 @@ def _time_copy(ctx, nbytes: int):
 
 
 def calibrate(ctx) -> dict:
-    """Measured bf16 GEMM TFLOP/s and copy bandwidth, beside the published figures."""
-    import torch
+    """Measured GEMM TFLOP/s (in the GPU's timing dtype: bf16, fp16 below compute capability 8.0) and copy
+    bandwidth, beside the published figures."""
 
     from ..presets import format_bytes
     from . import bench
@@ -249,20 +251,21 @@ def calibrate(ctx) -> dict:
     gemm, copy = _time_gemm(ctx, n), _time_copy(ctx, nbytes)
     tflops = 2 * n**3 / gemm.median / 1e12
     gbs = 2 * nbytes / copy.median / 1e9                     # each byte read once and written once
-    peak, bandwidth = bench.peak_tflops(ctx.device, torch.bfloat16), bench.peak_bandwidth_gbs(ctx.device)
-    summary = [dict(notebook="", what="calibration: GEMM", impl="a @ b", shape=f"{n}x{n} @ {n}x{n}", dtype="bfloat16",
+    peak, bandwidth = bench.peak_tflops(ctx.device, ctx.dtype), bench.peak_bandwidth_gbs(ctx.device)
+    summary = [dict(notebook="", what="calibration: GEMM", impl="a @ b", shape=f"{n}x{n} @ {n}x{n}",
+                    dtype=ctx.dtype_name,
                     ms=1e3 * gemm.median, tflops=tflops, peak_share=None if peak is None else tflops / peak),
                dict(notebook="", what="calibration: copy", impl="dst.copy_(src)", shape=format_bytes(nbytes),
                     dtype="uint8", ms=1e3 * copy.median, gb_per_s=gbs,
                     peak_share=None if bandwidth is None else gbs / bandwidth)]
     return dict(summary_rows=summary,
-                gemm=dict(n=n, dtype="bfloat16", median_s=gemm.median, min_s=gemm.min, spread_s=gemm.spread,
+                gemm=dict(n=n, dtype=ctx.dtype_name, median_s=gemm.median, min_s=gemm.min, spread_s=gemm.spread,
                           tflops=tflops, tflops_at_min=2 * n**3 / gemm.min / 1e12, published_tflops=peak,
                           share_of_published=None if peak is None else tflops / peak),
                 copy=dict(bytes=nbytes, median_s=copy.median, min_s=copy.min, gb_per_s=gbs,
                           published_gb_per_s=bandwidth, share_of_published=None if bandwidth is None
                           else gbs / bandwidth),
-                peak=bench.describe_peak(ctx.device))
+                peak=bench.describe_peak(ctx.device, ctx.dtype))
 
 
 # the tests that exercise the package's device code; on CUDA their device parameters include "cuda".
@@ -520,7 +523,8 @@ def write_summary(out: str | Path, report: dict | None = None) -> dict:
     lines = [title, "",
              f"{summary['device']}; torch {summary['torch']}, Triton {summary['triton']}, CUDA {summary['cuda']}; "
              f"written {summary['written']} by `{command}`.",
-             "Errors are against a float64 reference from the same bf16 inputs, in bf16 ulps at the reference's "
+             "Errors are against a float64 reference from the same half-precision inputs, in ulps of the row's "
+             "dtype at the reference's "
              "largest magnitude. Sections: " + ", ".join(f"{k} {v}" for k, v in statuses.items()) + ".", "",
              "| " + " | ".join(title for _, title in SUMMARY_COLUMNS) + " |",
              "|" + "---|" * len(SUMMARY_COLUMNS)]
@@ -570,7 +574,7 @@ def show(section: str, directory: str | Path | None = None) -> list | None:
 
     ``section`` is "nbNN": the rows of that notebook's own section (``figures/gpu/nbNN.json``, full
     report) and the notebook's rows of the summary table (``summary_rows("NN")``, quick and full).
-    Without either it prints one line saying there are no GPU results yet.
+    Without either it prints nothing (a notebook shows GPU results only where there are some).
 
     Returns:
         The section's rows as ``bench.BenchRow`` objects (possibly empty), or None when there is nothing.
@@ -580,7 +584,6 @@ def show(section: str, directory: str | Path | None = None) -> list | None:
     record = load(section, directory)
     table = summary_rows(section.removeprefix("nb"), directory)
     if record is None and not table:
-        print(f"No GPU results for {section} yet: `make gpu-report` on a CUDA machine writes figures/gpu/.")
         return None
     rows = []
     if record is not None:
@@ -593,7 +596,9 @@ def show(section: str, directory: str | Path | None = None) -> list | None:
         check = result.get("fp32_check")
         if check and "ulps" in check:
             worst = max(check["ulps"].values())
-            print(f"worst error vs float32: {worst:.1f} bf16 ulps (bound {check['bound_ulps']:g})")
+            dtype = rows[0].dtype if rows else "bfloat16"
+            short = {"bfloat16": "bf16", "float16": "fp16"}.get(dtype, dtype)
+            print(f"worst error vs float32: {worst:.1f} {short} ulps (bound {check['bound_ulps']:g})")
     if table:
         print("GPU report summary (figures/gpu/SUMMARY.md):")
         keys = [k for k, _ in SUMMARY_COLUMNS if k != "notebook"]

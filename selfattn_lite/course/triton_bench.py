@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .. import triton_attention as ta
-from . import bench
+from . import bench, timing
 
 __all__ = ["time_ms", "benchmark", "summarize", "main"]
 
@@ -54,7 +54,7 @@ def benchmark(device: torch.device | str = "cuda", *, B: int = 4, H: int = 16, n
     """Time the Triton kernels against torch SDPA, forward and forward + backward, causal and not.
 
     Every case is checked first: the output (and, for fwd+bwd, dq, dk, dv) must agree with SDPA's
-    within bf16 tolerance; that first call also runs the autotune. FLOPs: the forward counts
+    within half-precision tolerance; that first call also runs the autotune. FLOPs: the forward counts
     ``bench.attention_flops``; forward + backward 3.5x that (the backward's five matmuls to the
     forward's two: 2.5x), the convention of FlashAttention's papers.
 
@@ -132,8 +132,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("the Triton benchmark needs a CUDA GPU (on CPU the interpreter checks correctness only)")
-    records = benchmark("cuda", budget_s=args.budget_s)
-    goal = {D: summarize(records, D=D) for D in sorted({r["D"] for r in records})}
+    kernels = timing.timing_setup("kernels")      # this GPU's dtype, and the batch that fits its memory
+    records = benchmark("cuda", B=kernels.sizes["B"], H=kernels.sizes["H"], ns=(kernels.sizes["L"],),
+                        dtype=kernels.dtype, budget_s=args.budget_s)
+    goal = {D: summarize(records, n=kernels.sizes["L"], D=D) for D in sorted({r["D"] for r in records})}
     configs = dict(fwd=ta.FWD_CONFIGS, dkdv=ta.DKDV_CONFIGS, atomic=ta.ATOMIC_CONFIGS, dq=ta.DQ_CONFIGS)
     result = dict(records=records, goal=goal, configs=configs, dq_methods=ta.dq_method_timings())
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

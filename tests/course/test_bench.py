@@ -46,7 +46,8 @@ def test_compare_attention_counts_full_flops_for_rows_that_compute_every_score(d
     assert rows[0].dtype == str(dtype).replace("torch.", "") and rows[0].max_abs_err == 0
     assert rows[1].err_ulps <= bench.DEFAULT_ULPS[dtype]
     table = bench.format_table(rows)
-    assert "torch SDPA" in table and "explicit" in table and ("GFLOP/s" if device == "cpu" else "TFLOP/s") in table
+    assert "torch SDPA" in table and "explicit" in table and ("FLOP/s" not in table if device == "cpu"
+                                                              else "TFLOP/s" in table)
 
 
 def test_compare_attention_rejects_unknown_names():
@@ -88,7 +89,7 @@ def test_compare_per_row_flops_and_infers_the_device():
     out = torch.ones(3)
     rows = bench.compare({"a": lambda: out, "b": lambda: out.clone()}, reference="a", flops={"a": 1e6}, budget_s=0.01)
     assert rows[0].flops == 1e6 and rows[1].flops is None and rows[1].gflops is None
-    assert rows[0].device.startswith("CPU") and rows[0].backend is None     # backends recorded on CUDA only
+    assert rows[0].device.startswith("CPU") and rows[0].backend == ""       # recorded everywhere: no SDPA called
 
 
 # --------------------------------------------------------------------------- tolerances in ulps
@@ -208,32 +209,68 @@ def test_time_stats_rejects_bad_counts():
 
 
 # --------------------------------------------------------------------------- peaks and head sizes
-@pytest.mark.parametrize("name, peak, bandwidth", [
-    ("NVIDIA H200", 989.4, 4800.0),
-    ("NVIDIA H100 80GB HBM3", 989.4, 3350.0),
-    ("NVIDIA H100 PCIe", 756.5, 2000.0),
-    ("NVIDIA A100-SXM4-80GB", 312.0, 2039.0),
-    ("NVIDIA H200 NVL", None, None),                # not the SXM part: unknown, not guessed
-    ("NVIDIA H100 NVL", None, None),
-    ("Some Future GPU", None, None),
+@pytest.mark.parametrize("name, bf16, fp16, fp32, bandwidth", [
+    ("Tesla T4", None, 65.0, 8.1, 320.0),                      # no bf16 tensor cores: fp16 only
+    ("NVIDIA L4", 121.0, 121.0, 30.3, 300.0),
+    ("NVIDIA A10G", 70.0, 70.0, 35.0, 600.0),
+    ("NVIDIA A100-PCIE-40GB", 312.0, 312.0, 19.5, 1555.0),
+    ("NVIDIA A100-SXM4-40GB", 312.0, 312.0, 19.5, 1555.0),
+    ("NVIDIA A100 80GB PCIe", 312.0, 312.0, 19.5, 1935.0),
+    ("NVIDIA A100-SXM4-80GB", 312.0, 312.0, 19.5, 2039.0),
+    ("NVIDIA GeForce RTX 3090", 71.0, 71.0, 35.6, 936.0),
+    ("NVIDIA GeForce RTX 4090", 165.2, 165.2, 82.6, 1008.0),
+    ("NVIDIA H100 80GB HBM3", 989.4, 989.4, 67.0, 3350.0),
+    ("NVIDIA H100 PCIe", 756.5, 756.5, 51.0, 2000.0),
+    ("NVIDIA H100 NVL", 835.5, 835.5, 60.0, 3900.0),
+    ("NVIDIA H200", 989.4, 989.4, 67.0, 4800.0),
+    ("NVIDIA H200 NVL", None, None, None, None),                # another part: unknown, not guessed
+    ("NVIDIA GeForce RTX 3090 Ti", None, None, None, None),     # a variant with other figures
+    ("Some Future GPU", None, None, None, None),
 ])
-def test_peak_lookup_by_exact_device_name(monkeypatch, name, peak, bandwidth):
+def test_peaks_by_the_name_torch_reports(monkeypatch, name, bf16, fp16, fp32, bandwidth):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
-    assert bench.peak_tflops("cuda", torch.bfloat16) == peak
-    assert bench.peak_tflops("cuda", torch.float16) == peak
+    assert bench.peak_tflops("cuda", torch.bfloat16) == bf16
+    assert bench.peak_tflops("cuda", torch.float16) == fp16
+    assert bench.peak_tflops("cuda", torch.float32) == fp32
     assert bench.peak_bandwidth_gbs("cuda") == bandwidth
-    assert bench.peak_tflops("cuda", torch.float32) is None
-    assert bench.describe_peak("cuda").startswith("unknown peak" if peak is None else f"peak {peak:g}")
-    row = bench.BenchRow(name="x", seconds=1e-3, flops=1e12, ratio=1.0, max_abs_err=0.0, device=name,
+    assert bench.describe_peak("cuda", torch.float16).startswith("unknown peak" if fp16 is None else f"peak {fp16:g}")
+    row = bench.BenchRow(name="torch SDPA", seconds=1e-3, flops=1e12, ratio=1.0, max_abs_err=0.0, device=name,
                          dtype="bfloat16")
-    assert ("unknown peak" in bench.format_table([row])) == (peak is None)
+    row.peak_share = None if bf16 is None else 1.0 / bf16
+    table = bench.format_table([row])
+    assert ("unknown peak" in table) == (bf16 is None and fp16 is None) and "% peak" in table
+
+
+@pytest.mark.parametrize("spelling, key", [
+    ("NVIDIA A100-SXM4-80GB", "NVIDIA A100-SXM4-80GB"), ("A100 SXM4 80GB", "NVIDIA A100-SXM4-80GB"),
+    ("NVIDIA A100-SXM4-40GB", "NVIDIA A100-SXM4-40GB"), ("NVIDIA A100-PCIE-40GB", "NVIDIA A100-PCIE-40GB"),
+    ("NVIDIA H100 SXM5 80GB", "NVIDIA H100 80GB HBM3"), ("NVIDIA H100", "NVIDIA H100 80GB HBM3"),
+    ("Tesla T4", "Tesla T4"), ("NVIDIA T4", "Tesla T4"), ("NVIDIA GeForce RTX 4090 D", None), ("NVIDIA A10", None),
+    ("NVIDIA L40", None),
+])
+def test_spec_key_matches_spellings_of_one_part_and_no_other(spelling, key):
+    assert bench.spec_key(spelling) == key
 
 
 def test_every_listed_peak_names_its_source():
     for name, spec in bench.DEVICE_SPECS.items():
-        assert name.startswith("NVIDIA ") and "data sheet" in spec.source
-        assert spec.bf16_tflops > 0 and spec.memory_gbs > 0
+        assert bench.spec_key(name) == name
+        assert "https://" in spec.source and any(w in spec.source for w in ("data sheet", "whitepaper", "Baseten"))
+        assert spec.half_tflops > 0 and spec.memory_gbs > 0 and spec.fp32_tflops > 0
+        assert spec.half_tflops > spec.fp32_tflops                  # tensor cores beat plain float32
     assert bench.peak_tflops("cpu") is None and bench.describe_peak("cpu") == "no peak (CPU)"
+
+
+def test_a_cpu_table_has_no_peak_column_and_states_its_conventions(monkeypatch):
+    rows = bench.compare_attention({"explicit": explicit}, B=1, H=2, L=32, D=8, device="cpu", budget_s=0.02)
+    table = bench.format_table(rows)
+    first, convention, header = table.splitlines()[:3]
+    assert first.startswith("device: CPU") and "float32" in first and "SDPA backend: " in first
+    assert "% peak" not in table and "FLOP/s" not in table and "spread" not in table
+    assert "(1 = as fast, 2 = twice the time)" in convention and "vs SDPA" in header and "err (ulps)" in header
+    mps = torch.backends.mps
+    monkeypatch.setattr(mps, "is_available", lambda: True)                 # a Mac: the CPU, and the line says so
+    assert "MPS is not tested" in bench.format_table(rows).splitlines()[0]
 
 
 def test_cuda_heads_stay_within_the_fused_kernels():
@@ -268,7 +305,7 @@ def test_compare_records_backends_when_asked():
     rows = bench.compare({"sdpa": lambda: F.scaled_dot_product_attention(q, q, q), "explicit": lambda: explicit(q, q, q)},
                          reference="sdpa", record_backend=True, budget_s=0.01)
     assert rows[0].backend in bench.SDPA_OPS.values() and rows[1].backend == ""
-    assert "SDPA backend" in bench.format_table(rows)
+    assert f"SDPA backend: {rows[0].backend}" in bench.format_table(rows).splitlines()[0]
 
 
 # --------------------------------------------------------------------------- inputs on the device
