@@ -153,11 +153,12 @@ def check_yarn_paper(fn) -> None:
     except NotAttempted:
         return not_attempted("yarn_paper")
     if not isinstance(got, (tuple, list)) or len(got) != 2:
-        raise ExerciseError(f"return two things, (new_inv_freq, mscale); got {type(got).__name__}")
+        raise ExerciseError(f"return two things, (new_inv_freq, mscale), mscale being the factor on cos and sin, "
+                            f"sqrt(1/t) = 0.1 ln s + 1; got {type(got).__name__}")
     freq = require_tensor("yarn_paper(...)[0]", got[0], (8,)).double()
     mscale = got[1].item() if isinstance(got[1], torch.Tensor) else got[1]
     if not isinstance(mscale, (int, float)):
-        raise ExerciseError(f"mscale should be a number, got {type(mscale).__name__}")
+        raise ExerciseError(f"mscale (the factor on cos and sin) should be a number, got {type(mscale).__name__}")
     v = _paper_variants(theta, s, L)
     if close(freq, theta / s):
         raise ExerciseError("every pair divided by s is PI; the paper keeps pairs with more than beta = 32 turns")
@@ -178,7 +179,8 @@ def check_yarn_paper(fn) -> None:
     if math.isclose(mscale, 1 / want, rel_tol=1e-6):
         raise ExerciseError("upside down: YaRN sharpens the scores, so the factor is 0.1 ln s + 1 > 1")
     if math.isclose(mscale, 1.0):
-        raise ExerciseError("mscale = 1 leaves out YaRN's temperature: sqrt(1/t) = 0.1 ln s + 1")
+        raise ExerciseError("mscale (the factor on cos and sin) = 1 leaves out YaRN's temperature: "
+                            "sqrt(1/t) = 0.1 ln s + 1")
     if not math.isclose(mscale, want, rel_tol=1e-6):
         raise ExerciseError(f"mscale should be 0.1 ln s + 1 = {want:.4f} for s = {s:g}, got {mscale:.4f}")
     for d, s2, L2 in ((16, 4.0, 512), (128, 8.0, 4096), (64, 16.0, 2048)):   # against the package
