@@ -153,11 +153,12 @@ def check_yarn_paper(fn) -> None:
     except NotAttempted:
         return not_attempted("yarn_paper")
     if not isinstance(got, (tuple, list)) or len(got) != 2:
-        raise ExerciseError(f"return two things, (new_inv_freq, mscale); got {type(got).__name__}")
+        raise ExerciseError(f"return two things, (new_inv_freq, mscale), mscale being the factor on cos and sin, "
+                            f"sqrt(1/t) = 0.1 ln s + 1; got {type(got).__name__}")
     freq = require_tensor("yarn_paper(...)[0]", got[0], (8,)).double()
     mscale = got[1].item() if isinstance(got[1], torch.Tensor) else got[1]
     if not isinstance(mscale, (int, float)):
-        raise ExerciseError(f"mscale should be a number, got {type(mscale).__name__}")
+        raise ExerciseError(f"mscale (the factor on cos and sin) should be a number, got {type(mscale).__name__}")
     v = _paper_variants(theta, s, L)
     if close(freq, theta / s):
         raise ExerciseError("every pair divided by s is PI; the paper keeps pairs with more than beta = 32 turns")
@@ -178,7 +179,8 @@ def check_yarn_paper(fn) -> None:
     if math.isclose(mscale, 1 / want, rel_tol=1e-6):
         raise ExerciseError("upside down: YaRN sharpens the scores, so the factor is 0.1 ln s + 1 > 1")
     if math.isclose(mscale, 1.0):
-        raise ExerciseError("mscale = 1 leaves out YaRN's temperature: sqrt(1/t) = 0.1 ln s + 1")
+        raise ExerciseError("mscale (the factor on cos and sin) = 1 leaves out YaRN's temperature: "
+                            "sqrt(1/t) = 0.1 ln s + 1")
     if not math.isclose(mscale, want, rel_tol=1e-6):
         raise ExerciseError(f"mscale should be 0.1 ln s + 1 = {want:.4f} for s = {s:g}, got {mscale:.4f}")
     for d, s2, L2 in ((16, 4.0, 512), (128, 8.0, 4096), (64, 16.0, 2048)):   # against the package
@@ -362,7 +364,8 @@ def _ntk_measured(position: float) -> dict:
     after = [k for k, e in enumerate(starts) if e >= position]
     diffs = buckets[:, after].mean(-1) - buckets[:, before].mean(-1)    # paired over the windows
     return dict(before=buckets[:, before].mean().item(), after=buckets[:, after].mean().item(),
-                mean=diffs.mean().item(), sd=diffs.std().item(), first_after=starts[after[0]])
+                mean=diffs.mean().item(), sd=diffs.std().item(), first_after=starts[after[0]],
+                last_before=starts[before[-1]] + size)
 
 
 def check_ntk_break(fn) -> None:
@@ -372,7 +375,8 @@ def check_ntk_break(fn) -> None:
     L θ_i. Slowed to θ'_i it reaches the angle L θ_i at position L θ_i / θ'_i; the answer is the earliest
     such position. Checked against the package's NTK-aware frequencies (the tiny decoder's shape and a
     Llama 2-like head), then against the measured losses of notebook 12: the saved run's NTK-aware loss
-    after the predicted position is above its loss between 512 and the prediction, on the same windows.
+    in the buckets wholly after the predicted position is above its loss in the buckets from 512 wholly before
+    it, on the same windows.
     """
     cases = ((16, 10000.0, 4.0, 512), (128, 10000.0, 8.0, 4096), (64, 10000.0, 2.0, 1024))
     for k, (d, base, s, L) in enumerate(cases):
@@ -403,5 +407,6 @@ def check_ntk_break(fn) -> None:
     if not seen["mean"] > seen["sd"]:                                    # the saved run must bear the prediction out
         raise ExerciseError("the saved run does not show NTK-aware's loss rising after the predicted position")
     return passed(f"NTK-aware first meets new angles at position {position:.0f} on the tiny decoder; the saved run's "
-                  f"NTK-aware loss from {seen['first_after']} on is above its loss between 512 and {position:.0f}, "
+                  f"NTK-aware loss from {seen['first_after']} on is above its loss between 512 and "
+                  f"{seen['last_before']} (the buckets wholly before it), "
                   f"on the same windows (by {seen['mean']:.2f} ± {seen['sd']:.2f} nats)")

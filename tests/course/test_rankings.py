@@ -188,3 +188,18 @@ def test_nb12_budgets_of_alibi_and_fine_tuned_yarn():
     yarn_ft = chars["tiny_decoder"] + chars["tiny_decoder_yarn"]             # pre-training + fine-tune
     assert yarn_ft / chars["tiny_decoder_alibi"] == 1.25                     # "25% more characters"
 
+
+
+def test_nb12_pi_zero_shot_is_worse_than_the_unigram_floor():
+    """Notebook 12: an add-one unigram model of the training split beats zero-shot PI, inside and past 512."""
+    from selfattn_lite.models import load_tiny_decoder
+    tok = load_tiny_decoder().tokenizer
+    train = tok.encode(context_eval.split_text(context_eval.load_text())[0])
+    V = len(tok.chars)
+    counts = torch.zeros(V, dtype=torch.float64).index_add_(0, train, torch.ones(len(train), dtype=torch.float64))
+    nll = -((counts + 1) / (len(train) + V)).log()                     # (V,) nats per character
+    windows = context_eval.eval_windows(context_eval.held_out_ids(tok), RESULTS["target_len"])
+    floor = nll[windows[:, 1:]].mean().item()
+    assert floor < math.log(V)
+    assert RESULTS["loss"]["pi"]["first_512"] > floor and RESULTS["loss"]["pi"]["past_512"] > floor
+    assert all(RESULTS["loss"][m]["past_512"] < floor for m in ("none", "ntk", "yarn", "llama3"))

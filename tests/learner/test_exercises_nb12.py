@@ -249,3 +249,13 @@ def test_ntk_break_on_the_tiny_decoder_is_pair_4_and_the_saved_losses_rise_after
 
 
 test_right_and_not_attempted = right_and_not_attempted_test(RIGHT, stub)
+
+
+def test_ntk_break_message_names_the_buckets_it_averages(capsys):
+    """The message's range is the buckets averaged: 512 up to the last bucket wholly before 1131, i.e. 1024."""
+    from selfattn_lite.exercises import nb12 as ex
+    seen = ex._ntk_measured(ex._ntk_break(16, 10000.0, 4.0, 512))
+    assert (seen["last_before"], seen["first_after"]) == (1024, 1280)
+    check.check_ntk_break(ntk_break)
+    out = capsys.readouterr().out
+    assert "between 512 and 1024" in out and "from 1280 on" in out and "between 512 and 1131" not in out
