@@ -9,8 +9,10 @@ the partial result with the log-sum-exp rule
 
 (the online softmax of notebook 08, one block of keys at a time). After W steps every query has
 seen every key. A rank holds its own K/V shard throughout (its caller keeps it, and the backward
-needs it), the block it computes with, and the one arriving: at most three blocks, never the whole
-K/V (``counters.kv_held`` measures it).
+needs it), the block it computes with, and the one arriving: at most three blocks, 3/W of the whole
+K/V capped at all of it, so less than the whole only for W >= 4 (``counters.kv_held`` measures it).
+Liu et al. count two buffers (current and arriving); the third here is the rank's own shard, kept
+for the backward.
 """
 
 from __future__ import annotations

@@ -462,3 +462,20 @@ def test_the_subpackage_keeps_every_name_and_imports_no_machinery():
     run = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(ROOT)},
                          capture_output=True, text=True, timeout=120)
     assert run.stdout.strip() == "[]", run.stdout + run.stderr
+
+
+def test_max_sequence_length_counts_the_lm_head():
+    kw = dict(d_model=4096, n_layers=32, n_heads=32, n_kv_heads=8, ffn_dim=14336)      # Llama-3-8B's shapes
+    layer = D.activation_values_per_token(d_model=4096, n_heads=32, n_kv_heads=8, ffn_dim=14336)
+    without = D.max_sequence_length(8, 80, **kw)
+    big = D.max_sequence_length(8, 80, **kw, vocab_size=128_256)   # logits + gradient, 2 V, beat 2 A + 8 d_kv
+    assert big["bytes_per_token"]["single"] == (32 * 4096 + 2 * 128_256) * 2 > without["bytes_per_token"]["single"]
+    assert big["bytes_per_token"]["ring"] == big["bytes_per_token"]["ulysses"] == (32 * 4096 + 2 * 128_256) * 2
+    assert big["ring"] < without["ring"]
+    small = D.max_sequence_length(8, 80, **kw, vocab_size=1000)    # a small vocabulary: the layer's peak binds
+    assert small == without
+    assert 2 * 1000 < 2 * layer
+    off = D.max_sequence_length(1, 80, **kw, checkpoint=False, vocab_size=128_256)   # the forward kept 32 A
+    assert off["bytes_per_token"]["single"] == max(33 * layer, 32 * layer + 2 * 128_256) * 2
+    with pytest.raises(ValueError, match="vocab_size"):
+        D.max_sequence_length(8, 80, **kw, vocab_size=0)
