@@ -34,8 +34,9 @@ def draw_program_grid() -> Figure:
     ax_grid.set_aspect("equal")
     ax_grid.set_xticks([])
     ax_grid.set_yticks([])
-    ax_grid.set_xlabel("tl.program_id(0) = pid, one grid axis (drawn in rows of 4);\n"
-                       "causal, a head's order is reversed: its busiest, last block runs first", fontsize=9)
+    ax_grid.set_xlabel("tl.program_id(0) = pid, one grid axis (drawn in rows of 4), the order without a mask;\n"
+                       "causal, a head's order is reversed (block 3 - pid % 4): its busiest, last block runs first",
+                       fontsize=9)
     ax_grid.set_title("grid = (ceil(L / block_m) * B * H,) = (12,): query block pid % 4 of head pid // 4;\n"
                       "one head's programs are neighbours, all run the same code at once", fontsize=9)
     draw_block_map(ax_map, 128, 128, 32, 16, True)
