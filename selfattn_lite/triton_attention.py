@@ -192,9 +192,10 @@ _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 def _check_limits(limits) -> dict:
-    """limits, if it is a dict like ``GPU_LIMITS``' entries (a ``capability`` of two ints at least); else ValueError."""
+    """limits, if it is a dict like ``GPU_LIMITS``' entries (a ``capability`` of two ints, tuple or, as
+    read back from JSON, list); else ValueError."""
     cap = limits.get("capability") if isinstance(limits, dict) else None
-    if not (isinstance(cap, tuple) and len(cap) == 2 and all(is_int(c) for c in cap)):
+    if not (isinstance(cap, (tuple, list)) and len(cap) == 2 and all(is_int(c) for c in cap)):
         got = type(limits).__name__ if not isinstance(limits, dict) else f"capability={cap!r}"
         raise ValueError(f"limits must be a dict like GPU_LIMITS[cc] (gpu_limits, device_limits), with a capability "
                          f"(major, minor); got {got}")

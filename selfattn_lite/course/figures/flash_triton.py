@@ -34,8 +34,9 @@ def draw_program_grid() -> Figure:
     ax_grid.set_aspect("equal")
     ax_grid.set_xticks([])
     ax_grid.set_yticks([])
-    ax_grid.set_xlabel("tl.program_id(0) = pid, one grid axis (drawn in rows of 4);\n"
-                       "causal, a head's order is reversed: its busiest, last block runs first", fontsize=9)
+    ax_grid.set_xlabel("tl.program_id(0) = pid, one grid axis (drawn in rows of 4), the order without a mask;\n"
+                       "causal, a head's order is reversed (block 3 - pid % 4): its busiest, last block runs first",
+                       fontsize=9)
     ax_grid.set_title("grid = (ceil(L / block_m) * B * H,) = (12,): query block pid % 4 of head pid // 4;\n"
                       "one head's programs are neighbours, all run the same code at once", fontsize=9)
     draw_block_map(ax_map, 128, 128, 32, 16, True)
@@ -60,9 +61,10 @@ def draw_program_loop() -> Figure:
     box(ax, 1.5, 1.0, "O (N, L, D), lse (N, L)", "#bbbbbb", w=2.4, h=0.55, fontsize=9)
     box(ax, 5.3, 3.7, "q block\n(block_m, D)", ORANGE, w=1.6, h=0.7, fontsize=9)
     box(ax, 5.3, 2.4, "k, v block\n(block_n, D)", LIGHT_BLUE, w=1.6, h=0.7, fontsize=9)
-    box(ax, 7.45, 3.05, "s = q k^T\n(block_m, block_n)\np = 2^(s - m_new)", "#ffffff", w=2.3, h=1.0, fontsize=9)
+    box(ax, 7.45, 3.05, "s = q k^T scale log2(e)\n(block_m, block_n)\np = 2^(s - m_new)", "#ffffff",
+        w=2.3, h=1.0, fontsize=9)
     box(ax, 9.8, 3.05, "m, l  (block_m,)\nacc (block_m, D)\nfloat32", "#d9ead3", w=1.6, h=1.0, fontsize=9)
-    box(ax, 7.45, 1.45, "out = acc / l\nlse = m + log l", "#d9ead3", w=2.2, h=0.75, fontsize=9)
+    box(ax, 7.45, 1.45, "out = acc / l\nlse = (m + log2 l) ln 2", "#d9ead3", w=2.2, h=0.75, fontsize=9)
     arrow(ax, (2.6, 3.7), (4.5, 3.7))
     ax.text(3.55, 3.82, "load once", ha="center", fontsize=9)
     arrow(ax, (2.6, 2.6), (4.5, 2.45), color=BLUE)
