@@ -110,17 +110,19 @@ def mla_weight_values(*, d_model: int, n_heads: int, kv_lora_rank: int, qk_nope_
 def mla_decode_bytes(n_tokens: int, *, d_model: int, n_heads: int, kv_lora_rank: int, qk_nope_head_dim: int,
                      qk_rope_head_dim: int, v_head_dim: int, form: str = "absorbed",
                      bytes_per_value: float = 2) -> dict:
-    """Bytes one decode step (one new token) of one MLA layer reads over a cache of ``n_tokens``, one sequence.
+    """Bytes one decode step (one new token) of one MLA layer moves over a cache of ``n_tokens``, one sequence.
 
     Every form reads the cache, n_tokens x (kv_lora_rank + qk_rope_head_dim) values, and the weights of
-    ``mla_weight_values``. What attention then reads as keys and values differs:
+    ``mla_weight_values``. What attention then moves as keys and values differs:
 
     * naive: every cached latent is expanded into h keys (qk_nope + qk_rope wide) and values
-      (v_head_dim): n_tokens x h x (qk_nope + qk_rope + v) values, written and then read;
+      (v_head_dim), n_tokens x h x (qk_nope + qk_rope + v) values, written once and read once, so
+      counted twice;
     * absorbed and folded: attention reads the latents themselves: nothing beyond the cache.
 
     Returns:
-        {"cache": bytes of the cache, "keys_values": bytes of expanded keys and values (0 unless naive),
+        {"cache": bytes of the cache, "keys_values": bytes of the expanded keys and values, written plus
+        read (0 unless naive),
         "weights": bytes of the weights (``mla_weight_values``), "total": their sum}.
 
     Taught in notebook 13, "1. Multi-head latent attention".
@@ -133,7 +135,7 @@ def mla_decode_bytes(n_tokens: int, *, d_model: int, n_heads: int, kv_lora_rank:
     weights = mla_weight_values(d_model=d_model, n_heads=n_heads, kv_lora_rank=kv_lora_rank,
                                 qk_nope_head_dim=qk_nope_head_dim, v_head_dim=v_head_dim, form=form)
     cache = n_tokens * (kv_lora_rank + qk_rope_head_dim) * bytes_per_value
-    expanded = n_tokens * n_heads * (qk_nope_head_dim + qk_rope_head_dim + v_head_dim) * bytes_per_value
+    expanded = 2 * n_tokens * n_heads * (qk_nope_head_dim + qk_rope_head_dim + v_head_dim) * bytes_per_value
     out = {"cache": int(cache), "keys_values": int(expanded) if form == "naive" else 0,
            "weights": int(sum(weights.values()) * bytes_per_value)}
     out["total"] = out["cache"] + out["keys_values"] + out["weights"]

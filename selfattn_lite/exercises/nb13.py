@@ -76,10 +76,10 @@ def check_absorbed_decode(fn) -> None:
     except NotAttempted:
         return not_attempted("absorbed_decode")
     except RuntimeError as error:
-        raise ExerciseError(f"torch refused the shapes ({str(error).splitlines()[0]}): w_uk is (h, nope, d_c), so "
-                            "q_latent = einsum('bhln,hnc->bhlc', q_nope, w_uk); w_uv is (h, v, d_c), so "
-                            "o = einsum('bhlc,hvc->blhv', o_latent, w_uv); w_o is (d, h v), as nn.Linear's weight") \
-            from None
+        raise ExerciseError(f"torch refused the shapes ({str(error).splitlines()[0]}): a matrix is contracted "
+                            "over the wrong axis. w_uk is (h, nope, d_c): q^C meets it over nope; w_uv is "
+                            "(h, v, d_c): each head's d_c-wide output meets it over d_c; w_o is (d, h v), as "
+                            "nn.Linear's weight") from None
     q_nope, q_rope, c_kv, k_rope, w_uk, w_uv, w_o, scale = args
     B, h, _, _ = q_nope.shape
     d, d_c = w_o.shape[0], c_kv.shape[-1]

@@ -40,6 +40,7 @@ ALLOWED = {
     "740 TFLOP/s",  # 15: FlashAttention-3's FP16 throughput on an H100 (the paper's abstract)
     "1.2 PFLOP/s",  # 15: FlashAttention-3's FP8 throughput on an H100 (the paper's abstract)
     "3.9 TFLOP/s",  # 15: the H100 SXM5's special-function (exp) throughput (FlashAttention-3 paper, section 3)
+    "1,979 TFLOPS",  # 13: the H200 SXM data sheet's bf16 figure with sparsity (a published spec)
     "989 TFLOP/s",  # 15: the H100 SXM5's dense FP16 matmul peak (a published spec)
     "2.6×",       # 15: FlashAttention-3's FP8 error against a per-tensor baseline (the paper's abstract)
 }
