@@ -33,6 +33,17 @@ from .sharding import check_layout, shard_segments
 __all__ = ["block_attention", "block_attention_backward", "merge_partials", "ring_attention", "RingTile", "ring_tiles"]
 
 
+def _check_block_mask(mask: Tensor | None, q: Tensor, k: Tensor) -> None:
+    """mask, when given, is a bool (Lq, Lk) tensor for these q and k; else ValueError."""
+    if mask is None:
+        return
+    check_tensor("mask", mask)
+    if mask.dtype != torch.bool:
+        raise ValueError(f"mask must be bool (True = may attend), got dtype {mask.dtype}")
+    check_shape("mask", mask, (q.shape[-2], k.shape[-2]), layout="(Lq, Lk)",
+                against=f"q {shape_str(q)}, k {shape_str(k)}")
+
+
 def block_attention(q: Tensor, k: Tensor, v: Tensor, *, scale: float, mask: Tensor | None = None
                     ) -> tuple[Tensor, Tensor]:
     """Attention of q to one block of keys, and the log-sum-exp of each query's scores.
@@ -50,12 +61,7 @@ def block_attention(q: Tensor, k: Tensor, v: Tensor, *, scale: float, mask: Tens
     """
     check_qkv(q, k, v, enable_gqa=None, names=("q", "k", "v"))
     scale = check_real("scale", scale)
-    if mask is not None:
-        check_tensor("mask", mask)
-        if mask.dtype != torch.bool:
-            raise ValueError(f"mask must be bool (True = may attend), got dtype {mask.dtype}")
-        check_shape("mask", mask, (q.shape[-2], k.shape[-2]), layout="(Lq, Lk)",
-                    against=f"q {shape_str(q)}, k {shape_str(k)}")
+    _check_block_mask(mask, q, k)
     compute = upcast_dtype(q.dtype)
     s = (q.to(compute) @ k.to(compute).transpose(-2, -1)) * scale        # (..., Lq, Lk)
     if mask is not None:
@@ -94,12 +100,7 @@ def block_attention_backward(q: Tensor, k: Tensor, v: Tensor, lse: Tensor, delta
     check_shape("grad_out", grad_out, (*q.shape[:-1], v.shape[-1]), layout="(..., Lq, Ev)",
                 against=f"q {shape_str(q)}, v {shape_str(v)}")
     check_same_dtype(q=q, k=k, v=v, lse=lse, delta=delta, grad_out=grad_out)
-    if mask is not None:
-        check_tensor("mask", mask)
-        if mask.dtype != torch.bool:
-            raise ValueError(f"mask must be bool (True = may attend), got dtype {mask.dtype}")
-        check_shape("mask", mask, (q.shape[-2], k.shape[-2]), layout="(Lq, Lk)",
-                    against=f"q {shape_str(q)}, k {shape_str(k)}")
+    _check_block_mask(mask, q, k)
     s = (q @ k.transpose(-2, -1)) * scale                                # (..., Lq, Lk)
     if mask is not None:
         s = s.masked_fill(~mask, float("-inf"))
