@@ -49,7 +49,7 @@ PLANTED = {
          "l = l1 + l2 adds sums taken against different maxima"),
     ],
     "13_serving_the_cache": [
-        ("answer_2", '"bhln,hnc->bhlc"', '"bhln,hnc->blc"', "the heads are gone"),
+        ("answer_2", '"bhln,hnc->bhlc"', '"bhln,hnc->blc"', "a matrix is contracted over the wrong axis"),
     ],
     "14_attention_across_devices": [
         ("answer_2", "% world_size > rank]", "% world_size >= rank]", "skipped the diagonal step"),
