@@ -211,9 +211,11 @@ def _check_launch(kernel=None, config=None, dtype=None, D=None, *, atomic=None, 
         check_choice("kernel", kernel, _KERNELS)
     if config is not None:
         if not isinstance(config, dict):
-            raise ValueError(f"config must be a dict of BLOCK_M, BLOCK_N, num_warps, num_stages, got "
+            raise ValueError(f"config must be a dict of BLOCK_M, BLOCK_N (not for the preprocess), num_warps, "
+                             f"num_stages, got "
                              f"{type(config).__name__}")
-        for key in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages"):
+        keys = ("BLOCK_M", "num_warps", "num_stages") + (() if kernel == "attn_bwd_preprocess_kernel" else ("BLOCK_N",))
+        for key in keys:
             if key not in config:
                 raise ValueError(f"config needs {key!r}, got keys {sorted(config)}")
             check_positive_int(f"config[{key!r}]", config[key])
