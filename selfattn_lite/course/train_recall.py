@@ -26,6 +26,10 @@ accuracies; the safetensors file holds the weights (float32).
 
 Runs already saved are skipped, so the sweep can be stopped and restarted; the seed-0 runs of every mixer
 come first (first at 3e-3, then 1e-2, then 1e-3), the other seeds once a mixer's three seed-0 runs exist.
+
+``--budget`` checks the training budget: every mixer's seed-0 run at its chosen rate again, with twice the
+steps (``BUDGET_STEPS``; the same recipe, so the cosine decay spans the longer run), into
+``data/recall_v2/budget/``. Had the 3,000-step runs stopped improving, the longer run scores the same.
 """
 
 from __future__ import annotations
@@ -48,6 +52,8 @@ SEQ_LEN = 64
 TRAIN_PAIRS = (4, 8, 12, 16)
 EVAL_PAIRS = (4, 8, 12, 16)
 EVAL_ROWS = 512
+BUDGET_STEPS = 2 * V2_STEPS
+BUDGET_ORDER = ("attention", "gated_delta", "s6", "hybrid", "hybrid_1in4", "delta", "linear", "window")
 EVAL_SEED = 12345
 SEEDS = (0, 1, 2)
 STEPS = 1000      # the shipped recipe; at 600 steps and lr 1e-2 two seeds of attention in three were still at chance
@@ -62,6 +68,8 @@ V2_VOCAB = 128
 V2_STYLE = "zoology"
 VAL_SEED = 54321
 VAL_ROWS = 512
+BUDGET_STEPS = 2 * V2_STEPS
+BUDGET_ORDER = ("attention", "gated_delta", "s6", "hybrid", "hybrid_1in4", "delta", "linear", "window")
 
 
 def run_name(config: RecallConfig, seed: int) -> str:
@@ -255,6 +263,30 @@ def run_sweep(out: Path, steps: int = V2_STEPS, batch: int = BATCH) -> None:
               f"eval {record['accuracy']}", flush=True)
 
 
+def budget_plan(sweep_dir: Path, out: Path) -> list[tuple[str, float]]:
+    """The (mixer, chosen rate) runs of the budget check still missing in ``out``."""
+    records = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(sweep_dir.glob("*.json"))]
+    done = {p.stem for p in out.glob("*.json")}
+    plan = []
+    for m in BUDGET_ORDER:
+        lr = select_lr(records, m)
+        if lr is not None and f"{v2_run_name(m, lr, 0)}_steps{BUDGET_STEPS}" not in done:
+            plan.append((m, lr))
+    return plan
+
+
+def run_budget(sweep_dir: Path, batch: int = BATCH) -> None:
+    """Train the budget check's runs still missing in ``sweep_dir / "budget"`` (see the module docstring)."""
+    out = sweep_dir / "budget"
+    for mixer, lr in budget_plan(sweep_dir, out):
+        name = f"{v2_run_name(mixer, lr, 0)}_steps{BUDGET_STEPS}"
+        model, record = train(v2_config(mixer), 0, steps=BUDGET_STEPS, batch=batch, lr=lr, style=V2_STYLE,
+                              name=name, validate=True)
+        record["command"] = "OMP_NUM_THREADS=1 python -m selfattn_lite.course.train_recall --budget"
+        save(model, record, out)
+        print(f"{name:<36} {record['cpu_seconds']:7.1f} cpu-s  eval {record['accuracy']}", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--grid", action="store_true", help="train every shipped run (skips runs already saved)")
@@ -269,7 +301,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=BATCH)
     parser.add_argument("--lr", type=float, default=LR)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--budget", action="store_true",
+                        help="the budget check: seed 0 at each mixer's chosen rate, twice the steps")
     args = parser.parse_args(argv)
+    if args.budget:
+        run_budget(args.out or RECALL_V2_DIR, batch=args.batch)
+        return 0
     if args.sweep:
         run_sweep(args.out or RECALL_V2_DIR, steps=args.steps if args.steps != STEPS else V2_STEPS,
                   batch=args.batch)
