@@ -30,7 +30,7 @@ Zoology's figures use ``vocab_size=8192`` and ``seq_len`` 64 to 512 with 4 to 64
 ``original_mqar_configs.py``; it asserts ``vocab_size > seq_len``, an even ``seq_len`` and ``4 n_pairs <= seq_len``).
 
 What a model scores without any recall (the floor an accuracy is read against): ``no_recall_floor`` (exact, per
-strategy, for the notebook's rows), ``no_recall_scores`` (each strategy scored on given rows), ``no_recall_loss`` (the
+strategy, for either style of rows), ``no_recall_scores`` (each strategy scored on given rows), ``no_recall_loss`` (the
 least cross-entropy). ``query_retention``: how much of the asked value a decaying state still holds at each query.
 """
 
@@ -119,8 +119,7 @@ def mqar(batch: int, seq_len: int, n_pairs: int, vocab_size: int, *,
     Taught in notebook 16, "1. The task: multi-query associative recall".
     """
     _check_mqar(batch, seq_len, n_pairs, vocab_size)
-    if style not in STYLES:
-        raise ValueError(f"style must be one of {STYLES}, got {style!r}")
+    _check_style(style)
     if style == "zoology":
         return _mqar_zoology(batch, seq_len, n_pairs, vocab_size, generator, power_a)
     n_keys, half = len(key_range(vocab_size)), vocab_size // 2
@@ -141,6 +140,11 @@ def mqar(batch: int, seq_len: int, n_pairs: int, vocab_size: int, *,
     inputs[rows, starts + 1] = values.gather(1, order)
     targets[rows, starts] = values.gather(1, order)
     return inputs, targets
+
+
+def _check_style(style) -> None:
+    if style not in STYLES:
+        raise ValueError(f"style must be one of {STYLES}, got {style!r}")
 
 
 def _distinct(batch: int, choices: range, n: int, generator) -> Tensor:
@@ -241,7 +245,7 @@ def _expected_max_count(n: int, m: int):
     return sum(c * (cdf[c] - cdf[c - 1]) for c in range(1, n + 1))
 
 
-def no_recall_floor(n_pairs: int, vocab_size: int) -> dict[str, float]:
+def no_recall_floor(n_pairs: int, vocab_size: int, *, style: str = "notebook") -> dict[str, float]:
     """What a model scores on ``mqar`` rows without recalling any key's value, exactly, per strategy.
 
     A model that does not associate a query's key with its value can still use what the row shows: its
@@ -257,10 +261,14 @@ def no_recall_floor(n_pairs: int, vocab_size: int) -> dict[str, float]:
         most_frequent    E[c_max] / n,  P(c_max <= c) = n! [x^n] (sum_{j<=c} x^j / j!)^m / m^n
 
     and ``floor``, the largest of them (``most_frequent``: c_max / n >= every other share, row by row).
+    In Zoology's rows (``style="zoology"``) the values are distinct within a row (D = n, c_max = 1), so
+    seen_distinct = seen_slot = most_frequent = floor = 1 / n exactly; the random tokens in the gaps are drawn
+    from the whole vocabulary whatever the pairs hold, so they say nothing about the answer.
     ``no_recall_scores`` measures the same strategies on given rows.
 
     Args:
         n_pairs: key-value pairs per row. vocab_size: as given to ``mqar`` (>= 2 (n_pairs + 1)).
+        style: the rows' form, as given to ``mqar``: "notebook" or "zoology".
 
     Returns:
         {strategy: expected accuracy} for the five strategies, plus "floor".
@@ -269,8 +277,16 @@ def no_recall_floor(n_pairs: int, vocab_size: int) -> dict[str, float]:
     """
     check_positive_int("n_pairs", n_pairs)
     check_positive_int("vocab_size", vocab_size)
+    _check_style(style)
     _check_mqar(1, 4 * n_pairs, n_pairs, vocab_size)
     n, m = n_pairs, len(value_range(vocab_size))
+    if style == "zoology":
+        one = Fraction(1, n)
+        out = {"uniform_vocab": Fraction(1, vocab_size), "uniform_values": Fraction(1, m), "seen_distinct": one,
+               "seen_slot": one, "most_frequent": one}
+        out = {name: float(p) for name, p in out.items()}
+        out["floor"] = max(out.values())
+        return out
     distinct = sum(Fraction(math.comb(m, d) * _stirling2(n, d) * math.factorial(d), m ** n) / d
                    for d in range(1, min(n, m) + 1))
     out = {"uniform_vocab": Fraction(1, vocab_size), "uniform_values": Fraction(1, m), "seen_distinct": distinct,
@@ -280,7 +296,7 @@ def no_recall_floor(n_pairs: int, vocab_size: int) -> dict[str, float]:
     return out
 
 
-def no_recall_loss(n_pairs: int, vocab_size: int) -> float:
+def no_recall_loss(n_pairs: int, vocab_size: int, *, style: str = "notebook") -> float:
     """The smallest cross-entropy (nats per query) a model reaches on ``mqar`` rows without recall.
 
     Without the key's association, the best a model can say about the answer is what the row's pairs show:
@@ -290,11 +306,12 @@ def no_recall_loss(n_pairs: int, vocab_size: int) -> float:
 
         E[loss] = sum_b P(B = b) log(n / (1 + b)).
 
+    In Zoology's rows (``style="zoology"``) the n values are distinct, so the loss is log n exactly.
     A run whose training loss stays above it has not learned any recall; ln m is the loss of a uniform guess
     among the m value tokens.
 
     Args:
-        n_pairs: key-value pairs per row. vocab_size: as given to ``mqar``.
+        n_pairs: key-value pairs per row. vocab_size: as given to ``mqar``. style: "notebook" or "zoology".
 
     Returns:
         The expected loss in nats.
@@ -303,22 +320,32 @@ def no_recall_loss(n_pairs: int, vocab_size: int) -> float:
     """
     check_positive_int("n_pairs", n_pairs)
     check_positive_int("vocab_size", vocab_size)
+    _check_style(style)
     _check_mqar(1, 4 * n_pairs, n_pairs, vocab_size)
     n, m = n_pairs, len(value_range(vocab_size))
+    if style == "zoology":
+        return math.log(n)
     return sum(math.comb(n - 1, b) * (1 / m) ** b * (1 - 1 / m) ** (n - 1 - b) * math.log(n / (1 + b))
                for b in range(n))
 
 
-def no_recall_scores(inputs: Tensor, targets: Tensor, vocab_size: int) -> dict[str, Tensor]:
+def no_recall_scores(inputs: Tensor, targets: Tensor, vocab_size: int, *,
+                     style: str = "notebook") -> dict[str, Tensor]:
     """Each no-recall strategy's chance of answering each query of given ``mqar`` rows.
 
-    The strategies of ``no_recall_floor``, each scored by its exact chance on the row (no random draw), plus
-    ``strike_asked``: the most frequent value among the pairs *not yet asked* (the earlier queries of the
-    row show which keys, and so which values, are gone). That one reads the queries seen so far, a memory
-    of which values were asked but no association of a key with its value; it is not part of the floor.
+    The strategies of ``no_recall_floor``, each scored by its exact chance on the row (no random draw), plus one
+    that goes beyond the floor without associating a key with its value (it is not part of the floor):
+
+    * notebook rows, ``strike_asked``: the most frequent value among the pairs *not yet asked* (each earlier
+      query is followed by its value, so the row shows which values are gone);
+    * Zoology's rows, ``query_order``: the r-th query of the row (in position order) answered with the value
+      of the r-th pair. Zoology draws the first key's query slot first, from a power law that favours early
+      slots, then the next key's, so the order of the queries follows the order of the pairs more often than
+      chance; this strategy reads the queries' order, not their keys.
 
     Args:
         inputs, targets: (B, T) from ``mqar``. vocab_size: as given to ``mqar``.
+        style: the rows' form, as given to ``mqar``: "notebook" or "zoology".
 
     Returns:
         {strategy: (B, T) float64}, the chance at each query position, 0 elsewhere; the mean over the
@@ -327,14 +354,15 @@ def no_recall_scores(inputs: Tensor, targets: Tensor, vocab_size: int) -> dict[s
     Taught in notebook 16, "The floor: what recalling nothing scores".
     """
     check_positive_int("vocab_size", vocab_size)
+    _check_style(style)
     inputs = check_ids("inputs", inputs, vocab_size, dim=2, layout="(B, T)", what="integer token ids")
     targets = check_ids("targets", targets, dim=2, layout="(B, T)", what="integer token ids (or -100)")
     if inputs.shape != targets.shape:
         raise ValueError(f"inputs {tuple(inputs.shape)} and targets {tuple(targets.shape)} must both be (B, T)")
     m = len(value_range(vocab_size))
     asked = targets != IGNORE_INDEX
-    scores = {name: torch.zeros(inputs.shape, dtype=torch.float64)
-              for name in (*NO_RECALL_STRATEGIES, "strike_asked")}
+    beyond = "strike_asked" if style == "notebook" else "query_order"
+    scores = {name: torch.zeros(inputs.shape, dtype=torch.float64) for name in (*NO_RECALL_STRATEGIES, beyond)}
     for b in range(inputs.shape[0]):
         queries = asked[b].nonzero().flatten().tolist()
         n = len(queries)
@@ -342,7 +370,7 @@ def no_recall_scores(inputs: Tensor, targets: Tensor, vocab_size: int) -> dict[s
         counts = {value: values.count(value) for value in values}
         c_max = max(counts.values())
         remaining = dict(counts)
-        for t in queries:                                            # in the order the row asks them
+        for r, t in enumerate(queries):                              # in the order the row asks them
             target = targets[b, t].item()
             if target not in counts:
                 raise ValueError(f"targets ask at row {b}, position {t} for value {target}, which no pair of "
@@ -353,6 +381,9 @@ def no_recall_scores(inputs: Tensor, targets: Tensor, vocab_size: int) -> dict[s
             scores["seen_distinct"][b, t] = (target in counts) / len(counts)
             scores["seen_slot"][b, t] = c / n
             scores["most_frequent"][b, t] = (c == c_max) / sum(x == c_max for x in counts.values())
+            if style == "zoology":
+                scores["query_order"][b, t] = float(values[r] == target)
+                continue
             top = max(remaining.values())
             tied = [value for value, x in remaining.items() if x == top]
             scores["strike_asked"][b, t] = (target in tied) / len(tied)

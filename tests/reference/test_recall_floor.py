@@ -115,3 +115,61 @@ def test_bad_rows_are_named():
         query_retention(torch.zeros(2, 1, 15), inputs, targets)
     with pytest.raises(ValueError, match="n_pairs must be a positive int"):
         no_recall_floor(0, 64)
+
+
+# --- Zoology's rows: values distinct within a row -----------------------------------------------------------
+
+def simulate_zoology(n, vocab, rows=20000, seed=0, power_a=0.01, seq_len=64):
+    """Monte-Carlo, by plain Python: n distinct keys and values, query slots drawn one key after another from
+    Zoology's power law without replacement; each strategy's accuracy, and query_order's (r-th query -> r-th pair)."""
+    rng = random.Random(seed)
+    m, n_slots = vocab - vocab // 2, (seq_len - 2 * n) // 2
+    weights = [power_a * (j + 1) ** (power_a - 1) for j in range(n_slots)]
+    totals = dict(seen_distinct=0.0, seen_slot=0.0, most_frequent=0.0, query_order=0.0)
+    for _ in range(rows):
+        values = rng.sample(range(m), n)
+        free, slot_of = list(range(n_slots)), []
+        for _ in range(n):                                        # key i takes the i-th draw
+            j = rng.choices(free, weights=[weights[f] for f in free])[0]
+            free.remove(j)
+            slot_of.append(j)
+        order = sorted(range(n), key=lambda i: slot_of[i])       # the pair each query asks, in position order
+        r = rng.randrange(n)                                     # one query of the row
+        asked = values[order[r]]
+        totals["seen_distinct"] += rng.choice(sorted(set(values))) == asked
+        totals["seen_slot"] += values[rng.randrange(n)] == asked
+        totals["most_frequent"] += rng.choice(values) == asked    # every value once: all tied
+        totals["query_order"] += values[r] == asked
+    return {name: total / rows for name, total in totals.items()}
+
+
+@pytest.mark.parametrize("n", [4, 16])
+def test_zoology_floor_matches_a_simulation_and_its_rows(n):
+    exact, sim = no_recall_floor(n, 128, style="zoology"), simulate_zoology(n, 128)
+    for name in ("seen_distinct", "seen_slot", "most_frequent"):
+        se = math.sqrt(exact[name] * (1 - exact[name]) / 20000)
+        assert abs(sim[name] - exact[name]) < 4 * se, (name, sim[name], exact[name])
+        assert exact[name] == 1 / n
+    assert exact["floor"] == 1 / n and exact["uniform_vocab"] == 1 / 128 and exact["uniform_values"] == 1 / 64
+    assert no_recall_floor(n, 128)["floor"] > exact["floor"]          # values with replacement raise the floor
+    inputs, targets = mqar(2000, 64, n, 128, generator=torch.Generator().manual_seed(n), style="zoology")
+    scores, asked = no_recall_scores(inputs, targets, 128, style="zoology"), targets != IGNORE_INDEX
+    assert "strike_asked" not in scores
+    for name in ("seen_distinct", "seen_slot", "most_frequent"):
+        assert torch.allclose(scores[name][asked], torch.full_like(scores[name][asked], 1 / n))
+    ours, theirs = scores["query_order"][asked].mean().item(), sim["query_order"]
+    se = math.sqrt(theirs * (1 - theirs) / 20000) + math.sqrt(theirs * (1 - theirs) / asked.sum().item())
+    assert abs(ours - theirs) < 4 * se, (ours, theirs)
+    assert theirs > 1 / n + 0.02                                      # the query order beats the floor
+    assert no_recall_loss(n, 128, style="zoology") == math.log(n)
+
+
+def test_query_order_of_one_hand_made_row():
+    # pairs (1, 9) (2, 10) (3, 11), then queries 2, 1, 3 (random tokens between): only the last is in pair order
+    inputs = torch.tensor([[1, 9, 2, 10, 3, 11, 2, 5, 1, 7, 3, 4]])
+    targets = torch.full_like(inputs, IGNORE_INDEX)
+    targets[0, [6, 8, 10]] = torch.tensor([10, 9, 11])
+    s = no_recall_scores(inputs, targets, 16, style="zoology")
+    assert s["query_order"][0, [6, 8, 10]].tolist() == [0.0, 0.0, 1.0]
+    with pytest.raises(ValueError, match="style must be one of"):
+        no_recall_floor(4, 64, style="zoo")
