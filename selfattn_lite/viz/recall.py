@@ -16,7 +16,7 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from ..recall import IGNORE_INDEX, mqar, query_distances
+from ..recall import IGNORE_INDEX, STYLES, mqar, query_distances
 from .core import HeatmapWidget
 
 __all__ = ["FollowedQuery", "follow_query", "draw_mixer_weights", "RecallWidget"]
@@ -27,7 +27,7 @@ class FollowedQuery:
     """One query of one row, seen through one model's last mixer."""
 
     mixer: str
-    layer: int                # which of the model's layers (0 or 1)
+    layer: int                # which of the model's layers (0-based)
     weights: torch.Tensor     # (T, T) mean over heads (channels for s6)
     query: int                # its position
     value: int                # where the value it asks for sits
@@ -43,7 +43,7 @@ def follow_query(model, inputs: torch.Tensor, targets: torch.Tensor, which: int 
                  layer: int | None = None) -> FollowedQuery:
     """Follow the ``which``-th query (in position order) of a single row (1, T) through ``model``.
 
-    ``layer``: 0 or 1, or None for the layer whose weight on the value asked for is largest (the layer
+    ``layer``: a layer's index, or None for the layer whose weight on the value asked for is largest (the layer
     that retrieves it, when the model has learned to).
     """
     if inputs.dim() != 2 or inputs.shape[0] != 1 or targets.shape != inputs.shape:
@@ -58,7 +58,9 @@ def follow_query(model, inputs: torch.Tensor, targets: torch.Tensor, which: int 
         prediction = model(inputs)[0, t].argmax().item()
     if layer is None:
         layer = max(range(len(per_layer)), key=lambda i: per_layer[i][t, value].item())
-    name = model.config.mixer if model.config.mixer != "hybrid" else f"hybrid ({model.config.layer_mixers[layer]})"
+    name = model.config.mixer
+    if name.startswith("hybrid"):
+        name = f"{name} ({model.config.layer_mixers[layer]})"
     return FollowedQuery(name, layer, per_layer[layer], t, value, targets[0, t].item(), prediction)
 
 
@@ -90,15 +92,19 @@ class RecallWidget(HeatmapWidget):
 
     Args:
         models: {name: shipped RecallModel}. seq_len: row length. seed: the row's generator seed.
+        style: the rows' form, as given to ``recall.mqar`` ("notebook" or "zoology": the rows the models
+            were trained on).
 
     Attributes:
         mixer, n_pairs, query: the controls. followed: the ``FollowedQuery`` drawn now.
     """
 
-    def __init__(self, models: dict, seq_len: int = 64, seed: int = 0, n_pairs: int = 8):
+    def __init__(self, models: dict, seq_len: int = 64, seed: int = 0, n_pairs: int = 8, style: str = "notebook"):
         import ipywidgets as widgets
 
-        self.models, self.seq_len, self.seed = models, seq_len, seed
+        if style not in STYLES:
+            raise ValueError(f"style must be one of {STYLES}, got {style!r}")
+        self.models, self.seq_len, self.seed, self.style = models, seq_len, seed, style
         style = {"description_width": "initial"}
         self.mixer = widgets.Dropdown(options=list(models), description="mixer", style=style)
         self.n_pairs = widgets.IntSlider(value=n_pairs, min=1, max=seq_len // 4, description="pairs", style=style)
@@ -111,10 +117,10 @@ class RecallWidget(HeatmapWidget):
         self.query.max = change["new"] - 1
 
     def row(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The MQAR row shown: one row of ``n_pairs`` pairs from the widget's seed."""
+        """The MQAR row shown: one row of ``n_pairs`` pairs from the widget's seed, in the widget's style."""
         model = self.models[self.mixer.value]
         return mqar(1, self.seq_len, self.n_pairs.value, model.config.vocab_size,
-                    generator=torch.Generator().manual_seed(self.seed))
+                    generator=torch.Generator().manual_seed(self.seed), style=self.style)
 
     @property
     def followed(self) -> FollowedQuery:

@@ -50,3 +50,14 @@ def test_widget_controls(models):
     assert len(w.image.value) > 1000 and w.renders == 5
     axes = viz.draw_mixer_weights([viz.follow_query(models[m], inputs, targets) for m in models])
     assert len(axes) == 3
+
+
+def test_widget_draws_rows_of_the_given_style(models):
+    w = viz.RecallWidget(models, seq_len=32, n_pairs=4, seed=2, style="zoology")
+    inputs, targets = w.row()
+    want = mqar(1, 32, 4, 64, generator=torch.Generator().manual_seed(2), style="zoology")
+    assert torch.equal(inputs, want[0]) and torch.equal(targets, want[1])
+    assert len(set(inputs[0, 1:8:2].tolist())) == 4                           # Zoology's values: distinct
+    assert w.followed.query == (targets[0] != -100).nonzero().flatten().tolist()[0]
+    with pytest.raises(ValueError, match="style must be one of"):
+        viz.RecallWidget(models, style="zoo")
