@@ -87,7 +87,7 @@ def test_loss_tail_compares_the_last_tenth_with_the_tenth_before_per_pair_count(
 
 def test_shipped_swept_runs_follow_the_protocol():
     assert SHIPPED, f"no run of the swept protocol in {tr.RECALL_V2_DIR}"
-    total = sum(p.stat().st_size for p in tr.RECALL_V2_DIR.iterdir())
+    total = sum(p.stat().st_size for p in tr.RECALL_V2_DIR.iterdir() if p.is_file())
     assert total < 8 * 2**20, f"the swept runs take {total / 2**20:.1f} MiB"
     for record in SHIPPED:
         assert record["recipe"]["steps"] == tr.V2_STEPS and record["recipe"]["lr"] in tr.V2_LRS
@@ -98,3 +98,18 @@ def test_shipped_swept_runs_follow_the_protocol():
         assert steps == tr.V2_STEPS
         if record["seed"] > 0:      # other seeds only at the rate the rule chose from the seed-0 runs
             assert record["recipe"]["lr"] == tr.select_lr(SHIPPED, record["config"]["mixer"])
+
+
+def test_shipped_budget_runs_are_each_mixers_chosen_run_at_twice_the_steps():
+    budget = [json.loads(p.read_text()) for p in sorted((tr.RECALL_V2_DIR / "budget").glob("*.json"))]
+    assert budget, "no run of the budget check shipped"
+    total = sum(p.stat().st_size for p in (tr.RECALL_V2_DIR / "budget").iterdir())
+    assert total < 4 * 2**20, f"the budget runs take {total / 2**20:.1f} MiB"
+    for record in budget:
+        mixer = record["config"]["mixer"]
+        lr = tr.select_lr(SHIPPED, mixer)
+        assert record["run"] == f"{tr.v2_run_name(mixer, lr, 0)}_steps{tr.BUDGET_STEPS}"
+        assert record["recipe"]["steps"] == tr.BUDGET_STEPS == 2 * tr.V2_STEPS and record["recipe"]["lr"] == lr
+        assert record["config"] == tr.v2_config(mixer).__dict__ and record["seed"] == 0
+        assert sum(len(v) for v in record["losses_by_pairs"].values()) == tr.BUDGET_STEPS
+        assert (tr.RECALL_V2_DIR / "budget" / f"{record['run']}.safetensors").exists()
