@@ -192,7 +192,8 @@ def test_loss_readings():
     assert all(abs(tails[run][p][1] - math.log(64)) < 0.15 for run in seeds("window") for p in PAIRS)
 
 
-BUDGET_READINGS = {"attention": "stopped improving", "gated_delta": "improved", "s6": "stopped improving"}
+BUDGET_READINGS = {"attention": "stopped improving", "gated_delta": "improved", "s6": "stopped improving",
+                   "hybrid": "stopped improving"}
 
 
 def test_the_budget_check():
@@ -208,6 +209,9 @@ def test_the_budget_check():
         readings[mixer] = ("improved" if max(change) > MARGIN else "worse" if min(change) < -MARGIN
                            else "stopped improving")
     assert readings == {m: BUDGET_READINGS[m] for m in readings}
+    for mixer in ("s6", "hybrid"):                               # still on the floor at twice the steps
+        if mixer in BUDGET:
+            assert all(abs(BUDGET[mixer]["accuracy"][p] - FLOOR[p]) <= MARGIN for p in PAIRS), mixer
     if "gated_delta" in BUDGET:                                 # the notebook: the gain is at 16 pairs
         assert BUDGET["gated_delta"]["accuracy"]["16"] - acc(seeds("gated_delta")[0], "16") > MARGIN
 
