@@ -163,6 +163,7 @@ def test_best_and_median_seed_readings():
         assert best("attention", p) > 0.95 and median("attention", p) > 0.95
         assert best("delta", p) > 0.95 and median("delta", p) > 0.95 and best("hybrid_1in4", p) > 0.99
     assert best("linear", "16") < 0.9 and best("gated_delta", "16") < 0.9
+    assert min(acc(r, "16") for r in seeds("delta")) < 0.8                # the delta rule's third seed
 
 
 def test_capacity_never_binds_and_the_falls_are_interference():
