@@ -48,6 +48,10 @@ PLANTED = {
         ("answer_1", "l1 * torch.exp(m1 - m) + l2 * torch.exp(m2 - m)", "l1 + l2",
          "l = l1 + l2 adds sums taken against different maxima"),
     ],
+    "12_context_extension": [
+        ("answer_1", "** ((head_dim - 2) / (2 * i))", "** (2 * i / (head_dim - 2))", "upside down: pair i is slowed"),
+        ("answer_4", "smooth = (ratio - 1 / factor) / (1 - 1 / factor)", "smooth = ratio", "the blend gives"),
+    ],
     "13_serving_the_cache": [
         ("answer_2", '"bhln,hnc->bhlc"', '"bhln,hnc->blc"', "a matrix is contracted over the wrong axis"),
     ],

@@ -1,7 +1,8 @@
-"""Checkers for notebook 12: NTK-aware frequencies, YaRN's frequencies (as the reference code ramps them),
-YaRN's ramp and temperature from the paper's definitions, the loss at every position of a window
-(the measurement behind the notebook's curves), Llama 3.1's frequency blend from its definition, and
-the position where zero-shot NTK-aware scaling first breaks."""
+"""Checkers for notebook 12: the NTK-aware factor a target length needs (predicted from where NTK-aware
+breaks, checked against the package and against the tiny decoder run at that factor), YaRN's temperature
+carried by the softmax scale when only part of each head is rotated (as DeepSeek-V3's inference code
+does), the loss at every position of a window (the measurement behind the notebook's curves), and
+Llama 3.1's scaling read back from the frequencies it produced."""
 
 from __future__ import annotations
 
@@ -11,203 +12,258 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..models import DATA_DIR
-from ..positions import RotaryEmbedding, rope_inv_freq, scaled_inv_freq
+from ..attention import scaled_dot_product_attention
+from ..models import DATA_DIR, load_text, load_tiny_decoder, split_text
+from ..positions import RotaryEmbedding, apply_rotary, rope_inv_freq, scaled_inv_freq
+from ..rope_scaling import llama3_inv_freq, yarn_attention_scaling
 from . import ExerciseError, NotAttempted, attempt, close, not_attempted, passed, require_tensor
 
-__all__ = ["check_ntk_inv_freq", "check_yarn_inv_freq", "check_yarn_paper", "check_loss_per_position",
-           "check_llama3_inv_freq", "check_ntk_break"]
+__all__ = ["check_ntk_factor_for", "check_yarn_partial_attention", "check_loss_per_position",
+           "check_read_llama3_scaling"]
 
 
-def check_ntk_inv_freq(fn) -> None:
-    """``fn(head_dim, base, factor)`` must return the NTK-aware (d/2,) frequencies."""
-    d, base, s = 16, 10000.0, 4.0
-    try:
-        got = attempt(fn, d, base, s)
-    except NotAttempted:
-        return not_attempted("ntk_inv_freq")
-    got = require_tensor("ntk_inv_freq(16, 10000.0, 4.0)", got, (d // 2,)).double()
-    plain = rope_inv_freq(d, base).double()
-    expected = scaled_inv_freq(d, base, {"kind": "ntk", "factor": s})[0].double()
-    if close(got, plain):
-        raise ExerciseError("these are the unscaled frequencies: change the base to b * s^(d / (d - 2))")
-    if close(got, plain / s):
-        raise ExerciseError("you divided every frequency by s: that is position interpolation (PI); NTK-aware "
-                            "scaling changes the base so that pair 0 keeps its speed")
-    if close(got, rope_inv_freq(d, base * s).double()):
-        raise ExerciseError("base * s is not enough: the slowest pair is then slowed by s^((d-2)/d), not s; "
-                            "use b' = b * s^(d / (d - 2))")
-    if close(got, rope_inv_freq(d, base * s ** ((d - 2) / d)).double()):
-        raise ExerciseError("the exponent is upside down: b' = b * s^(d / (d - 2)), not s^((d - 2) / d)")
-    if not close(got, expected):
-        raise ExerciseError(f"expected {[round(v, 6) for v in expected.tolist()]}, "
-                            f"got {[round(v, 6) for v in got.tolist()]}")
-    for d2, s2 in ((64, 8.0), (128, 2.0)):
-        again = require_tensor(f"ntk_inv_freq({d2}, 10000.0, {s2})", attempt(fn, d2, base, s2), (d2 // 2,))
-        if not close(again.double(), scaled_inv_freq(d2, base, {"kind": "ntk", "factor": s2})[0].double()):
-            raise ExerciseError(f"right for head_dim 16, wrong for head_dim {d2}, factor {s2}: use d and s, "
-                                "not constants")
-    return passed("NTK-aware base b * s^(d/(d-2)): pair 0 unchanged, the slowest pair exactly s times slower")
+def _number(name: str, x) -> float:
+    """x as a Python float (a 0-d tensor is accepted), or ExerciseError."""
+    if isinstance(x, torch.Tensor) and x.numel() == 1:
+        x = x.item()
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        raise ExerciseError(f"{name} should be one number, got {type(x).__name__}")
+    return float(x)
 
 
-def _yarn_variants(d: int, base: float, s: float, L: int) -> dict[str, torch.Tensor]:
-    """YaRN's frequencies and the usual wrong versions (float64)."""
-    theta = rope_inv_freq(d, base).double()
+# ----------------------------------------------------------------------------- 1. the NTK-aware factor a target needs
+
+def _ntk_factor(d: int, base: float, L: int, T: int, mistake: str | None = None) -> float:
+    """The smallest NTK-aware factor s whose first new angle comes at T or later (or a planted mistake).
+
+    Pair i turns r_i = L theta_i / (2 pi) times within L; a pair with r_i < 1 saw angles up to L theta_i,
+    and NTK-aware (b' = b s^(d/(d-2))) slows it by s^(2i/(d-2)), so it first meets a new angle at
+    L s^(2i/(d-2)). The first such pair i* is the least slowed: s = (T / L)^((d - 2) / (2 i*)).
+    """
     i = torch.arange(d // 2, dtype=torch.float64)
+    theta = base ** (-2 * i / d)                                          # (d/2,)
+    turns = L * theta / (1.0 if mistake == "no_2pi" else 2 * math.pi)
+    slow = (turns < 1).nonzero().flatten().tolist()
+    if not slow:
+        return 1.0                                                        # every pair has seen every angle
+    first = slow[0]
+    if mistake == "nominal":
+        return T / L
+    if mistake == "pair_before":
+        first -= 1
+    if mistake == "pair_after":
+        first = min(first + 1, d // 2 - 1)
+    if mistake == "inverted":
+        return (T / L) ** (2 * first / (d - 2))
+    s = (T / L) ** ((d - 2) / (2 * first))
+    return s ** (d / (d - 2)) if mistake == "base_ratio" else s
 
-    def pair_with_turns(turns):
-        return d * math.log(L / (turns * 2 * math.pi)) / (2 * math.log(base))
 
-    low, high = max(math.floor(pair_with_turns(32.0)), 0), min(math.ceil(pair_with_turns(1.0)), d - 1)
-    ramp = ((i - low) / (high - low)).clamp(0, 1)                 # 0 = keep, 1 = interpolate
-    turns = L * theta / (2 * math.pi)
-    ramp_r = (1 - (turns - 1) / (32 - 1)).clamp(0, 1)              # linear in r (the paper's equation)
-    lo_raw, hi_raw = pair_with_turns(32.0), pair_with_turns(1.0)
-    ramp_unrounded = ((i - lo_raw) / (hi_raw - lo_raw)).clamp(0, 1)
-    return {
-        "right": (1 - ramp) * theta + ramp * theta / s,
-        "reversed": ramp * theta + (1 - ramp) * theta / s,
-        "in_r": (1 - ramp_r) * theta + ramp_r * theta / s,
-        "unrounded": (1 - ramp_unrounded) * theta + ramp_unrounded * theta / s,
-    }
-
-
-def check_yarn_inv_freq(fn) -> None:
-    """``fn(head_dim, base, factor, original_max_len)`` must return YaRN's (d/2,) frequencies
-    (beta_fast = 32, beta_slow = 1, the ramp linear in the pair index as in the reference code)."""
-    d, base, s, L = 64, 10000.0, 8.0, 4096
-    try:
-        got = attempt(fn, d, base, s, L)
-    except NotAttempted:
-        return not_attempted("yarn_inv_freq")
-    got = require_tensor("yarn_inv_freq(64, 10000.0, 8.0, 4096)", got, (d // 2,)).double()
-    v = _yarn_variants(d, base, s, L)
+def _ntk_first_new_angle(d: int, base: float, L: int, s: float) -> float:
+    """With the package's NTK-aware frequencies at factor s: the first position where a pair under one
+    turn in L reaches an angle beyond L theta_i (inf when no pair is under one turn)."""
     theta = rope_inv_freq(d, base).double()
-    torch.testing.assert_close(v["right"].float(), scaled_inv_freq(d, base, {"kind": "yarn", "factor": s,
-                                                                            "original_max_len": L})[0])
-    if close(got, theta / s):
-        raise ExerciseError("every pair divided by s is PI; YaRN keeps the fast pairs (more than 32 turns in L)")
-    if close(got, theta):
-        raise ExerciseError("unchanged frequencies: the slow pairs (under one turn in L) must be divided by s")
-    if close(got, v["reversed"]):
-        raise ExerciseError("the ramp is reversed: fast pairs (many turns in L) keep theta_i, slow ones get "
-                            "theta_i / s")
-    if close(got, v["in_r"]):
-        raise ExerciseError("you ramped linearly in the number of turns r_i (the paper's equation); this exercise "
-                            "follows the reference code: linear in the pair index i between the pairs where "
-                            "r = 32 and r = 1")
-    if close(got, v["unrounded"]):
-        raise ExerciseError("nearly: the reference code rounds the ramp's ends outwards (floor at r = 32, "
-                            "ceil at r = 1) before ramping")
-    if not close(got, v["right"]):
-        worst = (got - v["right"]).abs().max().item()
-        raise ExerciseError(f"values differ from YaRN's by up to {worst:.3g}")
-    return passed("YaRN: fast pairs kept, slow pairs / s, a ramp in the pair index between them")
+    slowed = scaled_inv_freq(d, base, {"kind": "ntk", "factor": s})[0].double()
+    under_one_turn = L * theta / (2 * math.pi) < 1
+    return (L * theta / slowed)[under_one_turn].min().item() if under_one_turn.any() else math.inf
 
 
-def _paper_variants(theta: torch.Tensor, s: float, L: int) -> dict[str, torch.Tensor]:
-    """The paper's h(theta) (alpha = 1, beta = 32) and the usual wrong versions, float64."""
-    def blend(gamma):
-        return (1 - gamma) * theta / s + gamma * theta
-
-    turns = L * theta / (2 * math.pi)                                     # r = L / lambda
-    gamma = ((turns - 1) / (32 - 1)).clamp(0, 1)
-    d = 2 * len(theta)
-    base = theta[1].item() ** (-d / 2)                                    # theta_1 = base^(-2/d)
-    code_gamma = scaled_inv_freq(d, base, {"kind": "yarn", "factor": s, "original_max_len": L})[0].double()
-    return {
-        "right": blend(gamma),
-        "reversed": blend(1 - gamma),
-        "no_2pi": blend(((L * theta - 1) / 31).clamp(0, 1)),
-        "wavelength": blend(((2 * math.pi / theta - 1) / 31).clamp(0, 1)),
-        "no_clamp": blend((turns - 1) / 31),
-        "not_normalised": blend((turns - 1).clamp(0, 1)),
-        "code_ramp": code_gamma,
-    }
-
-
-_PAPER_MISTAKES = {
-    "reversed": "the ramp is reversed: in the paper gamma = 1 keeps theta_i (fast pairs, r > beta) and gamma = 0 "
-                "divides it by s (slow pairs, r < alpha): h = (1 - gamma) theta / s + gamma theta",
-    "no_2pi": "r_i = L / lambda_i with lambda_i = 2 pi / theta_i, so r_i = L theta_i / (2 pi): you forgot the 2 pi",
-    "wavelength": "the ramp is over the turns r_i = L / lambda_i, not over the wavelength lambda_i",
-    "no_clamp": "clamp gamma to [0, 1]: pairs with more than beta turns keep theta_i, not more than theta_i",
-    "not_normalised": "between alpha and beta, gamma = (r - alpha) / (beta - alpha): divide by beta - alpha",
-    "code_ramp": "that is the reference code's ramp (linear in the pair index i, as in exercise 2); the paper's is "
-                 "linear in the turns r_i: gamma = clamp((r - alpha) / (beta - alpha), 0, 1)",
+_NTK_FACTOR_MISTAKES = {
+    "nominal": "T / L is the extension ratio, and NTK-aware slows only its slowest pair by the full factor; "
+               "the first pair that turns less than once in L is slowed by s^(2i/(d−2)) only, so it meets new "
+               "angles long before T: solve s^(2i/(d−2)) = T / L for that pair",
+    "pair_before": "that pair turns at least once within L: it has seen every angle and never meets a new one. "
+                   "Use the first pair with L θ_i / (2π) < 1",
+    "pair_after": "that is the second pair under one turn; the first of them (the fastest, so the least slowed) "
+                  "meets new angles first",
+    "no_2pi": "a pair turns r_i = L θ_i / (2π) times within L (its wavelength is 2π / θ_i): without the 2π you "
+              "picked the wrong pair",
+    "inverted": "upside down: pair i is slowed by s^(2i/(d−2)); setting that to T / L gives "
+                "s = (T / L)^((d−2) / (2i))",
+    "base_ratio": "that is b' / b = s^(d/(d−2)), how much the base grows; return the factor s itself",
 }
 
 
-def check_yarn_paper(fn) -> None:
-    """``fn(inv_freq, factor, original_max_len) -> (new_inv_freq, mscale)``: YaRN by the paper's definitions.
+def _held_out_windows(tokenizer, length: int) -> torch.Tensor:
+    """(n, length + 1) consecutive windows from the start of the held-out text, as many as fit."""
+    ids = tokenizer.encode(split_text(load_text())[1])
+    n = len(ids) // (length + 1)
+    return ids[: n * (length + 1)].reshape(n, length + 1)
 
-    r_i = L theta_i / (2 pi), gamma = clamp((r - 1) / (32 - 1), 0, 1), h(theta_i) = (1 - gamma) theta_i / s
-    + gamma theta_i, and sqrt(1/t) = 0.1 ln s + 1 (the factor on cos and sin). Checked against the
-    package's yarn scaling wherever the paper's ramp is 0 or 1, and against the score factor that the
-    package's RotaryEmbedding produces.
+
+@torch.no_grad()
+def _ntk_run(factor: float) -> dict:
+    """The tiny decoder with NTK-aware at ``factor``, on every held-out window of 2048, against the saved
+    run of NTK-aware at s = 4 (the notebook's): paired over the windows, bucket by bucket (256 positions)."""
+    results = json.loads((DATA_DIR / "context_eval.json").read_text())
+    T, L, size = results["target_len"], results["trained_len"], results["bucket"]
+    model = load_tiny_decoder(rope_scaling={"kind": "ntk", "factor": factor}, max_len=T)
+    windows = _held_out_windows(model.tokenizer, T)                       # (n, T + 1)
+    assert len(windows) == results["n_windows"]
+    rows = []
+    for window in windows:                                                # one window at a time: small memory
+        logits = model(window[None, :-1]).double()                        # (1, T, V)
+        rows.append(-logits.log_softmax(-1).gather(-1, window[None, 1:, None])[0, :, 0])
+    buckets = torch.stack(rows).reshape(len(windows), T // size, size).mean(-1)   # (n, 8)
+    saved = torch.tensor(results["loss"]["ntk"]["per_window_bucket"], dtype=torch.float64)   # (n, 8), s = 4
+    inside, after, before = L // size, slice(1280 // size, None), slice(L // size, 1024 // size)
+
+    def paired(x):
+        return dict(mean=x.mean().item(), sd=x.std().item(), diffs=x)
+
+    return dict(n=len(windows),
+                rise=paired(buckets[:, after].mean(-1) - buckets[:, before].mean(-1)),
+                rise_at_4=paired(saved[:, after].mean(-1) - saved[:, before].mean(-1)),
+                inside_cost=paired(buckets[:, :inside].mean(-1) - saved[:, :inside].mean(-1)),
+                past=paired(buckets[:, inside:].mean(-1) - saved[:, inside:].mean(-1)))
+
+
+def check_ntk_factor_for(fn) -> None:
+    """``fn(head_dim, base, trained_len, target_len) -> s``: the smallest NTK-aware factor whose first new
+    angle comes at target_len or later.
+
+    Checked on heads the notebook never printed (one with no pair under one turn, one where only the slowest
+    pair is), against the package's NTK-aware frequencies at the returned factor (their first new angle is
+    target_len; a factor 0.1% smaller breaks before it), then measured: the tiny decoder run at that factor
+    on every held-out window at 2048, against the saved run at s = 4.
     """
-    theta = rope_inv_freq(16, 10000.0).double()                          # the tiny decoder's 8 pairs
-    s, L = 4.0, 512
-    try:
-        got = attempt(fn, theta.clone(), s, L)
-    except NotAttempted:
-        return not_attempted("yarn_paper")
-    if not isinstance(got, (tuple, list)) or len(got) != 2:
-        raise ExerciseError(f"return two things, (new_inv_freq, mscale), mscale being the factor on cos and sin, "
-                            f"sqrt(1/t) = 0.1 ln s + 1; got {type(got).__name__}")
-    freq = require_tensor("yarn_paper(...)[0]", got[0], (8,)).double()
-    mscale = got[1].item() if isinstance(got[1], torch.Tensor) else got[1]
-    if not isinstance(mscale, (int, float)):
-        raise ExerciseError(f"mscale (the factor on cos and sin) should be a number, got {type(mscale).__name__}")
-    v = _paper_variants(theta, s, L)
-    if close(freq, theta / s):
-        raise ExerciseError("every pair divided by s is PI; the paper keeps pairs with more than beta = 32 turns")
-    if close(freq, theta):
-        raise ExerciseError("unchanged frequencies: pairs with fewer than alpha = 1 turn must be divided by s")
-    if not close(freq, v["right"], atol=1e-9, rtol=1e-7):
-        for name, message in _PAPER_MISTAKES.items():
-            if close(freq, v[name], atol=1e-9, rtol=1e-7):
+    cases = ((16, 10000.0, 512, 2048), (128, 10000.0, 4096, 32768), (64, 10000.0, 1000, 3000),
+             (96, 500000.0, 8192, 65536), (16, 10000.0, 8192, 32768), (8, 100.0, 512, 2048))
+    for k, (d, base, L, T) in enumerate(cases):
+        try:
+            got = attempt(fn, d, base, L, T)
+        except NotAttempted:
+            return not_attempted("ntk_factor_for")
+        got = _number(f"ntk_factor_for({d}, {base:g}, {L}, {T})", got)
+        want = _ntk_factor(d, base, L, T)
+        if math.isclose(got, want, rel_tol=1e-4):
+            if want > 1:                                                  # against the package's frequencies
+                assert math.isclose(_ntk_first_new_angle(d, base, L, got), T, rel_tol=1e-4)
+                assert _ntk_first_new_angle(d, base, L, got * (1 - 1e-3)) < T
+            continue
+        if want == 1.0:
+            raise ExerciseError(f"no pair of this head (d = {d}, base = {base:g}) turns less than once in L = {L}: "
+                                "every pair has seen every angle, so no factor is needed; return 1.0")
+        for name, message in _NTK_FACTOR_MISTAKES.items():
+            wrong = _ntk_factor(d, base, L, T, name)
+            if not math.isclose(wrong, want, rel_tol=1e-4) and math.isclose(got, wrong, rel_tol=1e-4):
                 raise ExerciseError(message)
-        raise ExerciseError(f"expected {[round(x, 6) for x in v['right'].tolist()]}, "
-                            f"got {[round(x, 6) for x in freq.tolist()]}")
-    want = 0.1 * math.log(s) + 1
-    if math.isclose(mscale, want ** 2, rel_tol=1e-6):
-        raise ExerciseError("that is 1/t, the factor on the scores q·k; cos and sin (so q and k) each get its "
-                            "square root, sqrt(1/t) = 0.1 ln s + 1")
-    if math.isclose(mscale, 0.1 * math.log10(s) + 1, rel_tol=1e-6):
-        raise ExerciseError("use the natural log: 0.1 ln s + 1")
-    if math.isclose(mscale, 1 / want, rel_tol=1e-6):
-        raise ExerciseError("upside down: YaRN sharpens the scores, so the factor is 0.1 ln s + 1 > 1")
-    if math.isclose(mscale, 1.0):
-        raise ExerciseError("mscale (the factor on cos and sin) = 1 leaves out YaRN's temperature: "
-                            "sqrt(1/t) = 0.1 ln s + 1")
-    if not math.isclose(mscale, want, rel_tol=1e-6):
-        raise ExerciseError(f"mscale should be 0.1 ln s + 1 = {want:.4f} for s = {s:g}, got {mscale:.4f}")
-    for d, s2, L2 in ((16, 4.0, 512), (128, 8.0, 4096), (64, 16.0, 2048)):   # against the package
-        theta2 = rope_inv_freq(d, 10000.0).double()
-        freq2, mscale2 = attempt(fn, theta2.clone(), s2, L2)
-        scaling = {"kind": "yarn", "factor": s2, "original_max_len": L2}
-        package, package_mscale = scaled_inv_freq(d, 10000.0, scaling)
-        right = _paper_variants(theta2, s2, L2)["right"]
-        if not close(torch.as_tensor(freq2).double(), right, atol=1e-9, rtol=1e-7):
-            raise ExerciseError(f"right for (d = 16, s = 4, L = 512), wrong for d = {d}, s = {s2:g}, L = {L2}: "
-                                "use the arguments, not constants")
-        ends = (right == theta2) | (right == theta2 / s2)                # where the paper's ramp is 1 or 0
-        assert close(right[ends], package.double()[ends])                # the package's code agrees there
-        mscale2 = float(mscale2)
-        if not math.isclose(mscale2, package_mscale, rel_tol=1e-6):
-            raise ExerciseError(f"mscale for s = {s2:g} should be the package's {package_mscale:.4f}")
-        rope = RotaryEmbedding(d, scaling=scaling)                        # the score factor, measured
-        qk = torch.randn(2, 1, d, generator=torch.Generator().manual_seed(d), dtype=torch.float64)
-        pos = torch.tensor([L2 // 3])
-        plain = RotaryEmbedding(d, scaling=scaling)
-        plain.attention_scaling = 1.0
-        ratio = (rope(qk[0], pos) @ rope(qk[1], pos).T) / (plain(qk[0], pos) @ plain(qk[1], pos).T)
-        assert math.isclose(ratio.item(), mscale2 ** 2, rel_tol=1e-6)   # scores times mscale^2 = 1/t
-    return passed("the paper's ramp over the turns r, h(theta) = (1 - gamma) theta / s + gamma theta, and "
-                  "sqrt(1/t) = 0.1 ln s + 1; the package agrees where the ramp is 0 or 1, and its scores "
-                  "are scaled by mscale^2")
+        if k > 0:
+            raise ExerciseError(f"right for the tiny decoder but not for d = {d}, base = {base:g}, L = {L}, "
+                                f"T = {T} (expected {want:.4f}, got {got:.4f}): use the arguments")
+        raise ExerciseError(f"expected {want:.4f} for the tiny decoder (d = 16, L = 512, T = 2048), got {got:.4f}: "
+                            "find the first pair with L θ_i / (2π) < 1 and solve s^(2i/(d−2)) = T / L")
+    factor = _ntk_factor(*cases[0])
+    run = _ntk_run(factor)
+    rise, rise4, cost, past = run["rise"], run["rise_at_4"], run["inside_cost"], run["past"]
+    bears_out = (rise4["mean"] > rise4["sd"] and abs(rise["mean"]) < rise["sd"]      # the rise gone
+                 and past["diffs"].max() < 0 and cost["diffs"].min() > 0)         # lower past 512, dearer inside
+    if not bears_out:                                    # the saved run and the model no longer agree
+        raise ExerciseError("the measurement does not bear the prediction out: at this factor the loss after 1280 "
+                            "should no longer rise")
+    return passed(f"NTK-aware needs s = {factor:.2f} to reach 2048 on the tiny decoder without a new angle (a Llama "
+                  f"2-like head: {_ntk_factor(*cases[1]):.1f} for 8 times its 4096), not T / L. Measured on all "
+                  f"{run['n']} held-out windows at s = {factor:.2f}, against s = 4: the loss from 1280 on minus "
+                  f"512-1024 is {rise['mean']:+.2f} ± {rise['sd']:.2f}, indistinguishable here (at s = 4: "
+                  f"{rise4['mean']:+.2f} ± {rise4['sd']:.2f}); past 512 it is lower on every window (by "
+                  f"{-past['mean']:.2f} nats on average), and the price is paid inside 512: higher on every window "
+                  f"(by {cost['mean']:.2f} nats on average)")
 
+
+# ----------------------------------------------------------------------------- 2. YaRN's temperature, softmax scale
+
+def _yarn_partial(q, k, v, positions, rope_dim: int, s: float, L: int, mistake: str | None = None):
+    """Causal attention with the last ``rope_dim`` features of q, k rotated at YaRN's frequencies (cos and sin
+    not scaled) and every score sharpened by 1/t = (0.1 ln s + 1)^2: softmax(q k^T (1/t) / sqrt(d)) v."""
+    d = q.shape[-1]
+    scaling = {"kind": "yarn", "factor": s, "original_max_len": L}
+    width = d if mistake == "whole_head" else rope_dim
+    rope = RotaryEmbedding(width, scaling=None if mistake == "plain_freq" else scaling)
+    if mistake in ("cos_sin", "both"):
+        cos, sin = rope.angles(positions, torch.float64)                  # cos, sin times sqrt(1/t)
+    else:
+        angles = positions[:, None].double() * rope.inv_freq.double()    # (T, width / 2)
+        cos, sin = angles.cos(), angles.sin()
+
+    def rotate(x):                                                        # (B, h, T, d)
+        if mistake == "first_features":
+            return torch.cat([apply_rotary(x[..., :width], cos, sin), x[..., width:]], dim=-1)
+        return torch.cat([x[..., : d - width], apply_rotary(x[..., d - width:], cos, sin)], dim=-1)
+
+    mscale = yarn_attention_scaling(s)                                    # sqrt(1/t)
+    scale = {"cos_sin": 1 / math.sqrt(d), "no_temperature": 1 / math.sqrt(d), "mscale_once": mscale / math.sqrt(d),
+             "no_sqrt_d": mscale ** 2, "sqrt_rope_dim": mscale ** 2 / math.sqrt(rope_dim)}.get(
+        mistake, mscale ** 2 / math.sqrt(d))
+    out, _ = scaled_dot_product_attention(rotate(q), rotate(k), v, is_causal=mistake != "not_causal", scale=scale)
+    return out                                                            # (B, h, T, d_v)
+
+
+_YARN_PARTIAL_MISTAKES = {
+    "cos_sin": "only the rotated features were sharpened: cos and sin times sqrt(1/t) scale the rotated part of q·k "
+               "by 1/t and leave the other features' part as it was. Rotate with plain cos and sin and put 1/t into "
+               "the softmax scale",
+    "both": "the temperature is applied twice: with cos and sin already multiplied by sqrt(1/t) (RotaryEmbedding's "
+            "tables), the rotated part gets 1/t twice. Rotate with plain cos and sin",
+    "no_temperature": "no temperature: every score should be multiplied by 1/t = (0.1 ln s + 1)^2",
+    "mscale_once": "the scores get 1/t = (0.1 ln s + 1)^2, the square of the factor on cos and sin (q and k each "
+                   "carried one): scale = (0.1 ln s + 1)^2 / sqrt(d)",
+    "no_sqrt_d": "the scale replaces SDPA's default 1/sqrt(d): keep it, scale = (0.1 ln s + 1)^2 / sqrt(d)",
+    "sqrt_rope_dim": "the 1/sqrt(d) is over the whole head's d features, not over rope_dim",
+    "first_features": "rotate the last rope_dim features (the first d − rope_dim carry no position)",
+    "plain_freq": "the rotation uses YaRN's frequencies for a rope_dim-wide rotation "
+                  "(RotaryEmbedding(rope_dim, scaling=...).inv_freq), not plain RoPE's",
+    "whole_head": "only the last rope_dim features are rotated, with a rope_dim-wide rotation's frequencies; the "
+                  "first d − rope_dim stay as they are",
+    "not_causal": "the attention is causal: each query attends to itself and the keys before it",
+}
+
+
+def check_yarn_partial_attention(fn) -> None:
+    """``fn(q, k, v, positions, rope_dim, factor, original_max_len) -> (B, h, T, d_v)``.
+
+    The last rope_dim features of q and k rotated at YaRN's frequencies (``apply_rotary``, cos and sin
+    not scaled), the first d − rope_dim left alone, and causal attention whose every score q·k/sqrt(d)
+    is multiplied by YaRN's 1/t = (0.1 ln s + 1)^2, as DeepSeek-V3's inference code folds it into the
+    softmax scale. Checked against explicit attention (float64) on heads of awkward widths and positions,
+    and, with rope_dim = d, against ``RotaryEmbedding``'s YaRN followed by torch's SDPA.
+    """
+    gen = torch.Generator().manual_seed(12)
+    cases = ((2, 3, 19, 24, 8, 10, torch.arange(19) * 181, 8.0, 512),   # B, h, T, d, rope_dim, d_v, positions, s, L
+             (1, 2, 13, 40, 16, 7, 700 + torch.arange(13), 3.0, 100),
+             (1, 2, 11, 16, 16, 16, torch.arange(11) * 300, 4.0, 512))
+    for B, h, T, d, rope_dim, dv, positions, s, L in cases:
+        q, k, v = (torch.randn(B, h, T, n, generator=gen, dtype=torch.float64) for n in (d, d, dv))
+        try:
+            got = attempt(fn, q.clone(), k.clone(), v.clone(), positions.clone(), rope_dim, s, L)
+        except NotAttempted:
+            return not_attempted("yarn_partial_attention")
+        got = require_tensor(f"yarn_partial_attention for q {tuple(q.shape)}, v {tuple(v.shape)}", got,
+                             (B, h, T, dv)).double()
+        want = _yarn_partial(q, k, v, positions, rope_dim, s, L)
+        if close(got, want, atol=1e-4, rtol=1e-4):
+            continue
+        for name, message in _YARN_PARTIAL_MISTAKES.items():
+            wrong = _yarn_partial(q, k, v, positions, rope_dim, s, L, name)
+            if not close(wrong, want, atol=1e-4, rtol=1e-4) and close(got, wrong, atol=1e-4, rtol=1e-4):
+                raise ExerciseError(message)
+        worst = (got - want).abs().max().item()
+        raise ExerciseError(f"differs from the expected attention by up to {worst:.3g} (d = {d}, rope_dim = "
+                            f"{rope_dim}, s = {s:g}): rotate the last rope_dim features of q and k with plain cos "
+                            "and sin of YaRN's angles, and pass scale = (0.1 ln s + 1)^2 / sqrt(d)")
+    B, h, T, d, rope_dim, dv, positions, s, L = cases[-1]                 # rope_dim = d: the whole head rotated
+    q, k, v = (torch.randn(B, h, T, d, generator=gen, dtype=torch.float64) for _ in range(3))
+    rope = RotaryEmbedding(d, scaling={"kind": "yarn", "factor": s, "original_max_len": L})
+    ours = F.scaled_dot_product_attention(rope(q, positions), rope(k, positions), v, is_causal=True)
+    got = attempt(fn, q.clone(), k.clone(), v.clone(), positions.clone(), rope_dim, s, L)
+    if not close(got, ours, atol=1e-4, rtol=1e-4):
+        raise ExerciseError("with rope_dim = d your answer should equal RotaryEmbedding's YaRN (cos and sin times "
+                            "sqrt(1/t)) followed by torch's SDPA, and it does not")
+    return passed("YaRN's 1/t carried by the softmax scale, (0.1 ln s + 1)^2 / sqrt(d), with plain cos and sin on the "
+                  "rotated features: every score sharpened, as DeepSeek-V3's inference code does; with the whole "
+                  "head rotated it equals RotaryEmbedding's YaRN followed by torch's SDPA")
+
+
+# ----------------------------------------------------------------------------- 3. loss at every position
 
 def _tiny_model(vocab: int = 11):
     """A deterministic toy 'model': logits that depend on the token and its position."""
@@ -249,164 +305,87 @@ def check_loss_per_position(fn) -> None:
     return passed("one cross-entropy per window and position, targets shifted by one")
 
 
-# ----------------------------------------------------------------------------- Llama 3.1's frequency blend
+# ----------------------------------------------------------------------------- 4. Llama 3.1's scaling read back
 
-def _llama3_variants(theta: torch.Tensor, s: float, L: int, low: float, high: float) -> dict[str, torch.Tensor]:
-    """Llama 3.1's frequencies from its definition, right and with the usual mistakes."""
-    wavelength = 2 * math.pi / theta
-    smooth = (L / wavelength - low) / (high - low)                       # linear in the turns r = L / lambda
+_LLAMA3_CASES = ((128, 500000.0, 8192, 8.0, 1.0, 4.0),     # Llama 3.1's own: d, base, L, s, low, high
+                 (64, 10000.0, 2048, 4.0, 2.0, 8.0),
+                 (96, 1000000.0, 6000, 5.5, 1.5, 6.5))
 
-    def blend(sm, keep_fast=wavelength < L / high, divide_slow=wavelength > L / low, reversed_=False):
-        mid = (1 - sm) * theta / s + sm * theta if not reversed_ else (1 - sm) * theta + sm * theta / s
-        return torch.where(keep_fast, theta, torch.where(divide_slow, theta / s, mid))
 
-    in_wavelength = (L / low - wavelength) / (L / low - L / high)         # linear in lambda instead of r
-    no_2pi = 1 / theta
+def _llama3_case(d: int, base: float, L: int, s: float, low: float, high: float):
+    """theta and the package's Llama 3.1 frequencies (float64), and the turns r_i = L theta_i / (2 pi)."""
+    theta = rope_inv_freq(d, base).double()
+    scaled = llama3_inv_freq(theta, s, L, low, high)
+    return theta, scaled, L * theta / (2 * math.pi)
+
+
+def _llama3_wrong(d, base, L, s, low, high) -> dict[str, tuple[float, float, float]]:
+    """The answers the usual mistakes give."""
+    theta, scaled, turns = _llama3_case(d, base, L, s, low, high)
+    ratio = scaled / theta
+    divided, kept = turns < low, turns > high
     return {
-        "right": blend(smooth),
-        "unchanged": theta.clone(),
-        "pi": theta / s,
-        "swapped": blend((L / wavelength - high) / (low - high), keep_fast=wavelength < L / low,
-                         divide_slow=wavelength > L / high),
-        "reversed": blend(smooth, reversed_=True),
-        "wavelength": blend(in_wavelength),
-        "no_2pi": blend((L / no_2pi - low) / (high - low), keep_fast=no_2pi < L / high, divide_slow=no_2pi > L / low),
-        "no_clamp": (1 - smooth) * theta / s + smooth * theta,
+        "swapped": (s, high, low),
+        "no_2pi": (s, 2 * math.pi * low, 2 * math.pi * high),
+        "ratio_as_smooth": (s, low - (high - low) / (s - 1), high),   # smooth taken as theta' / theta
+        "nearest_pairs": (s, turns[divided].max().item(), turns[kept].min().item()),
+        "inverse_factor": (ratio.min().item(), low, high),               # 1 / s
     }
 
 
-_LLAMA3_MISTAKES = {
-    "unchanged": "these are the unscaled frequencies: pairs with a wavelength over L / low_freq_factor are divided "
-                 "by s, and the pairs between the two boundaries are blended",
-    "pi": "every pair divided by s is position interpolation; Llama 3.1 keeps the fast pairs (wavelength under "
-          "L / high_freq_factor) as they are",
-    "swapped": "the two boundaries are swapped: keep θ where the wavelength is under L / high_freq_factor "
-               "(more than high_freq_factor turns in L), divide by s where it is over L / low_freq_factor",
-    "reversed": "the blend is reversed: smooth = 1 at the fast end keeps θ, so the blend is "
-                "(1 − smooth) θ / s + smooth θ",
-    "wavelength": "the blend is linear in the turns r = L / λ, not in the wavelength λ: "
-                  "smooth = (L / λ − low_freq_factor) / (high_freq_factor − low_freq_factor)",
-    "no_2pi": "the wavelength of a pair is λ = 2π / θ: you forgot the 2π",
-    "no_clamp": "outside the two boundaries smooth leaves [0, 1]: keep θ for the fast pairs and use θ / s for "
-                "the slow ones, and blend only between",
+_LLAMA3_READ_MISTAKES = {
+    "swapped": "low_freq_factor is the smaller one: pairs with fewer than low_freq_factor turns in L are divided "
+               "by s, pairs with more than high_freq_factor turns are kept",
+    "no_2pi": "the turns are r_i = L / λ_i = L θ_i / (2π): without the 2π both boundaries come out 2π times too large",
+    "ratio_as_smooth": "smooth is not θ'/θ: the blend gives θ'/θ = (1 − smooth) / s + smooth, so "
+                       "smooth = (θ'/θ − 1/s) / (1 − 1/s)",
+    "nearest_pairs": "those are the turns of the nearest divided and kept pairs; the boundaries lie between pairs. "
+                     "The blended pairs pin them exactly: smooth is linear in the turns, 0 at low_freq_factor and "
+                     "1 at high_freq_factor",
+    "inverse_factor": "that is 1/s: the divided pairs have θ' = θ / s, so s = θ / θ' there (s > 1)",
 }
 
 
-def check_llama3_inv_freq(fn) -> None:
-    """``fn(inv_freq, factor, original_max_len, low_freq_factor, high_freq_factor) -> (d/2,)``: Llama 3.1's blend.
+def check_read_llama3_scaling(fn) -> None:
+    """``fn(inv_freq, scaled_inv_freq, original_max_len) -> (factor, low_freq_factor, high_freq_factor)``.
 
-    With λ = 2π / θ: θ kept where λ < L / high_freq_factor, θ / s where λ > L / low_freq_factor, and
-    (1 − smooth) θ / s + smooth θ between, smooth = (L / λ − low) / (high − low). Checked against the
-    package's ``llama3`` scaling at Llama 3.1's own shape (d = 128, base 500000, L = 8192, s = 8) and at
-    the tiny decoder's (d = 16, base 10000, L = 512, s = 4).
+    The frequencies come from the package's ``llama3_inv_freq`` (float64) at Llama 3.1's own shape
+    (d = 128, base 500000, L = 8192, s = 8, 1, 4) and at two whose parameters are not Llama 3.1's; each
+    answer must match them and rebuild the given frequencies through the package.
     """
-    cases = ((128, 500000.0, 8.0, 8192, 1.0, 4.0), (16, 10000.0, 4.0, 512, 1.0, 4.0),
-             (64, 10000.0, 4.0, 2048, 2.0, 8.0))
-    for k, (d, base, s, L, low, high) in enumerate(cases):
-        theta = rope_inv_freq(d, base).double()
+    for k, (d, base, L, s, low, high) in enumerate(_LLAMA3_CASES):
+        theta, scaled, turns = _llama3_case(d, base, L, s, low, high)
+        assert (turns < low).any() and ((turns > low) & (turns < high)).sum() >= 2   # identifiable
         try:
-            got = attempt(fn, theta.clone(), s, L, low, high)
+            got = attempt(fn, theta.clone(), scaled.clone(), L)
         except NotAttempted:
-            return not_attempted("llama3_inv_freq")
-        got = require_tensor(f"llama3_inv_freq for d = {d}", got, (d // 2,)).double()
-        scaling = {"kind": "llama3", "factor": s, "original_max_len": L, "low_freq_factor": low,
-                   "high_freq_factor": high}
-        package = scaled_inv_freq(d, base, scaling)[0].double()
-        variants = _llama3_variants(theta, s, L, low, high)
-        if close(got, variants["right"], atol=1e-9, rtol=1e-5) and close(got, package, atol=1e-9, rtol=1e-5):
+            return not_attempted("read_llama3_scaling")
+        if not isinstance(got, (tuple, list)) or len(got) != 3:
+            raise ExerciseError(f"return three numbers, (factor, low_freq_factor, high_freq_factor); "
+                                f"got {type(got).__name__}")
+        got = tuple(_number(name, x) for name, x in zip(("factor", "low_freq_factor", "high_freq_factor"), got))
+        want = (s, low, high)
+        if all(math.isclose(g, w, rel_tol=1e-6) for g, w in zip(got, want)):
+            rebuilt = llama3_inv_freq(theta, got[0], L, got[1], got[2])        # through the package
+            assert close(rebuilt, scaled, atol=0, rtol=1e-9)
             continue
-        for name, message in _LLAMA3_MISTAKES.items():
-            if close(got, variants[name], atol=1e-9, rtol=1e-5):
-                raise ExerciseError(message)
-        if k > 0:
-            raise ExerciseError(f"right for Llama 3.1's own shape but not for d = {d}, L = {L}, s = {s}, "
-                                f"low = {low}, high = {high}: use the arguments, not Llama 3.1's constants")
-        raise ExerciseError("expected θ where λ < L / high_freq_factor, θ / s where λ > L / low_freq_factor, "
-                            "and (1 − smooth) θ / s + smooth θ between, smooth = (L / λ − low) / (high − low)")
-    return passed("Llama 3.1's blend: fast pairs kept, slow pairs / s, linear in the turns L / λ between; "
-                  "the same as the package's llama3 scaling (and Meta's apply_scaling)")
-
-
-# ----------------------------------------------------------------------------- where NTK-aware breaks
-
-def _ntk_break(d: int, base: float, s: float, L: int, mistake: str | None = None) -> float:
-    """The first position where a zero-shot NTK-aware pair meets an angle it never saw in training."""
-    theta = rope_inv_freq(d, base).double()
-    exponent = 1.0 if mistake == "no_exponent" else d / (d - 2)
-    slowed = rope_inv_freq(d, base * s ** exponent).double()
-    turns = L * theta / (2 * math.pi)                                    # r_i = L / lambda_i
-    new_at = L * theta / slowed                                          # position where m theta'_i = L theta_i
-    if mistake == "all_pairs":
-        return new_at.min().item()
-    if mistake == "slowest_pair":
-        return new_at[-1].item()
-    return new_at[turns < 1].min().item()
-
-
-_NTK_BREAK_MISTAKES = {
-    "slowest_pair": "that is the slowest pair, slowed by the full s: it meets new angles only at L · s. The pairs "
-                    "between are slowed by less (s^(2i/(d−2))), so one of them reaches new angles first",
-    "all_pairs": "a pair that turns at least once within L has already seen every angle, so it never meets a new "
-                 "one; only the pairs with r_i = L / λ_i < 1 can, and NTK-aware slows the first of them by less "
-                 "than s",
-    "no_exponent": "NTK-aware's base is b · s^(d/(d−2)), not b · s: the exponent makes the slowest pair exactly "
-                   "s times slower",
-}
-
-
-def _ntk_measured(position: float) -> dict:
-    """The saved run's NTK-aware loss past 512: buckets wholly before ``position`` against those wholly after."""
-    results = json.loads((DATA_DIR / "context_eval.json").read_text())
-    buckets = torch.tensor(results["loss"]["ntk"]["per_window_bucket"], dtype=torch.float64)   # (windows, 8)
-    size, trained = results["bucket"], results["trained_len"]
-    starts = range(0, results["target_len"], size)
-    before = [k for k, e in enumerate(starts) if e >= trained and e + size <= position]
-    after = [k for k, e in enumerate(starts) if e >= position]
-    diffs = buckets[:, after].mean(-1) - buckets[:, before].mean(-1)    # paired over the windows
-    return dict(before=buckets[:, before].mean().item(), after=buckets[:, after].mean().item(),
-                mean=diffs.mean().item(), sd=diffs.std().item(), first_after=starts[after[0]],
-                last_before=starts[before[-1]] + size)
-
-
-def check_ntk_break(fn) -> None:
-    """``fn(head_dim, base, factor, trained_len) -> position``: where zero-shot NTK-aware first breaks.
-
-    A pair with r_i = L θ_i / (2π) < 1 turns less than once in training and saw only angles up to about
-    L θ_i. Slowed to θ'_i it reaches the angle L θ_i at position L θ_i / θ'_i; the answer is the earliest
-    such position. Checked against the package's NTK-aware frequencies (the tiny decoder's shape and a
-    Llama 2-like head), then against the measured losses of notebook 12: the saved run's NTK-aware loss
-    in the buckets wholly after the predicted position is above its loss in the buckets from 512 wholly before
-    it, on the same windows.
-    """
-    cases = ((16, 10000.0, 4.0, 512), (128, 10000.0, 8.0, 4096), (64, 10000.0, 2.0, 1024))
-    for k, (d, base, s, L) in enumerate(cases):
+        for name, wrong in _llama3_wrong(d, base, L, s, low, high).items():
+            if all(math.isclose(g, w, rel_tol=1e-6) for g, w in zip(got, wrong)):
+                raise ExerciseError(_LLAMA3_READ_MISTAKES[name])
+        if any(math.isclose(got[j], L / b, rel_tol=1e-6) for j in (1, 2) for b in (low, high)):
+            raise ExerciseError("that is a wavelength boundary, L / low_freq_factor or L / high_freq_factor; the "
+                                "factors themselves are turns in L: r = L / λ")
+        if k > 0 and all(math.isclose(g, w, rel_tol=1e-6) for g, w in zip(got, _LLAMA3_CASES[0][3:])):
+            raise ExerciseError("those are Llama 3.1's own (8, 1, 4); read them from the frequencies you are given")
         try:
-            got = attempt(fn, d, base, s, L)
-        except NotAttempted:
-            return not_attempted("ntk_break")
-        if isinstance(got, torch.Tensor) and got.numel() == 1:
-            got = got.item()
-        if not isinstance(got, (int, float)):
-            raise ExerciseError(f"return one number, the position, got {type(got).__name__}")
-        want = _ntk_break(d, base, s, L)
-        if math.isclose(got, want, rel_tol=1e-4):
-            continue
-        for name, message in _NTK_BREAK_MISTAKES.items():
-            if math.isclose(got, _ntk_break(d, base, s, L, name), rel_tol=1e-4):
-                raise ExerciseError(message)
-        if math.isclose(got, L, rel_tol=1e-4):
-            raise ExerciseError("L itself is where RoPE without scaling breaks; NTK-aware slows the slow pairs, "
-                                "so its first new angle comes later")
-        if k > 0:
-            raise ExerciseError(f"right for the tiny decoder but not for d = {d}, base = {base:g}, s = {s}, "
-                                f"L = {L}: use the arguments")
-        raise ExerciseError("expected the earliest L θ_i / θ'_i over the pairs with L θ_i / (2π) < 1, "
-                            "θ'_i being NTK-aware's frequencies (base b · s^(d/(d−2)))")
-    position = _ntk_break(16, 10000.0, 4.0, 512)
-    seen = _ntk_measured(position)
-    if not seen["mean"] > seen["sd"]:                                    # the saved run must bear the prediction out
-        raise ExerciseError("the saved run does not show NTK-aware's loss rising after the predicted position")
-    return passed(f"NTK-aware first meets new angles at position {position:.0f} on the tiny decoder; the saved run's "
-                  f"NTK-aware loss from {seen['first_after']} on is above its loss between 512 and "
-                  f"{seen['last_before']} (the buckets wholly before it), "
-                  f"on the same windows (by {seen['mean']:.2f} ± {seen['sd']:.2f} nats)")
+            rebuilt = llama3_inv_freq(theta, got[0], L, got[1], got[2])
+        except ValueError as error:
+            raise ExerciseError(f"the package refuses your (factor, low, high) = {got}: {error}") from None
+        off = ((rebuilt - scaled).abs() / scaled).max().item()
+        raise ExerciseError(f"for d = {d}, L = {L} you returned {tuple(round(g, 4) for g in got)}; rebuilt through the "
+                            f"package they give frequencies up to {off:.2%} off the given ones. s = θ/θ' of a divided "
+                            "pair; on the blended pairs smooth = (θ'/θ − 1/s) / (1 − 1/s) is linear in the turns "
+                            "r = L θ / (2π), 0 at low_freq_factor and 1 at high_freq_factor")
+    return passed("factor, low_freq_factor and high_freq_factor read back from the frequencies alone: s from a divided "
+                  "pair, the boundaries from the blended pairs' smooth, linear in the turns L / λ; at Llama 3.1's "
+                  "shape (8, 1, 4) and at two others, each rebuilding the given frequencies through the package")

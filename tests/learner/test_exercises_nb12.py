@@ -9,77 +9,169 @@ from helpers import right_and_not_attempted_test
 
 from selfattn_lite.exercises import ExerciseError
 from selfattn_lite.exercises import nb12 as check
-from selfattn_lite.positions import rope_inv_freq, scaled_inv_freq
+from selfattn_lite.positions import RotaryEmbedding, apply_rotary, rope_inv_freq, scaled_inv_freq
+from selfattn_lite.rope_scaling import llama3_inv_freq
 
 
 def stub(*args, **kwargs):
     raise NotImplementedError
 
 
+def raises(checker, wrong, message):
+    with pytest.raises(ExerciseError) as info:
+        checker(wrong)
+    assert message in str(info.value), str(info.value)
+
+
 RIGHT = {}          # test id -> (checker, a right answer); each exercise below adds its own
 
 
-def theta(d, base):
-    return base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+# ---------------------------------------------------------------- 1. the NTK-aware factor a target length needs
+def ntk_factor(d, base, L, T, *, mistake=None):
+    """Written as a learner would, pair by pair; or with one mistake."""
+    slow = [i for i in range(d // 2)
+            if L * base ** (-2 * i / d) / (1 if mistake == "no_2pi" else 2 * math.pi) < 1]
+    if not slow:
+        return 1.0 if mistake != "none_slow" else T / L
+    i = slow[0] + {"pair_before": -1, "pair_after": 1}.get(mistake, 0)
+    if mistake == "nominal":
+        return T / L
+    if mistake == "inverted":
+        return (T / L) ** (2 * i / (d - 2))
+    s = (T / L) ** ((d - 2) / (2 * i))
+    return s ** (d / (d - 2)) if mistake == "base_ratio" else s
 
 
-# ---------------------------------------------------------------- 1. NTK-aware
-def ntk(d, base, s, *, exponent=None, new_base=None):
-    b = new_base(base, s, d) if new_base else base * s ** (d / (d - 2) if exponent is None else exponent(d))
-    return theta(d, b)
+RIGHT["ntk_factor_for"] = check.check_ntk_factor_for, ntk_factor
+RIGHT["ntk_factor_for_0d_tensor"] = (check.check_ntk_factor_for,
+                                     lambda d, b, L, T: torch.tensor(ntk_factor(d, b, L, T), dtype=torch.float64))
 
 
-RIGHT["ntk_inv_freq"] = check.check_ntk_inv_freq, ntk
+@pytest.mark.parametrize("mistake, message", [
+    ("nominal", "T / L is the extension ratio"),
+    ("pair_before", "it has seen every angle"),
+    ("pair_after", "the second pair under one turn"),
+    ("no_2pi", "without the 2π you picked the wrong pair"),
+    ("inverted", "upside down"),
+    ("base_ratio", "how much the base grows"),
+    ("none_slow", "no factor is needed; return 1.0"),
+])
+def test_ntk_factor_for_wrong(mistake, message):
+    raises(check.check_ntk_factor_for, lambda d, b, L, T: ntk_factor(d, b, L, T, mistake=mistake), message)
 
 
 @pytest.mark.parametrize("wrong, message", [
-    (lambda d, b, s: theta(d, b), "unscaled"),
-    (lambda d, b, s: theta(d, b) / s, "position interpolation"),
-    (lambda d, b, s: theta(d, b * s), "base \\* s is not enough"),
-    (lambda d, b, s: theta(d, b * s ** ((d - 2) / d)), "upside down"),
-    (lambda d, b, s: theta(d, b * s ** (16 / 14)), "wrong for head_dim"),
-    (lambda d, b, s: theta(d, b * s ** 1.2), "expected"),
+    (lambda d, b, L, T: ntk_factor(16, 10000.0, 512, 2048), "use the arguments"),
+    (lambda d, b, L, T: 1.05 * ntk_factor(d, b, L, T), "expected 11.3137"),
+    (lambda d, b, L, T: [ntk_factor(d, b, L, T)], "one number"),
 ])
-def test_ntk_wrong(wrong, message):
-    with pytest.raises(ExerciseError, match=message):
-        check.check_ntk_inv_freq(wrong)
+def test_ntk_factor_for_wrong_kind(wrong, message):
+    raises(check.check_ntk_factor_for, wrong, message)
 
 
-# ---------------------------------------------------------------- 2. YaRN
-def yarn(d, base, s, L, *, reverse=False, in_r=False, no_round=False):
-    th = theta(d, base)
-
-    def pair(turns):
-        return d * math.log(L / (turns * 2 * math.pi)) / (2 * math.log(base))
-
-    if in_r:
-        gamma = (1 - (L * th / (2 * math.pi) - 1) / 31).clamp(0, 1)
-    else:
-        low, high = (pair(32.0), pair(1.0)) if no_round else (math.floor(pair(32.0)), math.ceil(pair(1.0)))
-        gamma = ((torch.arange(d // 2) - low) / (high - low)).clamp(0, 1)
-    if reverse:
-        gamma = 1 - gamma
-    return (1 - gamma) * th + gamma * th / s
+def test_ntk_factor_against_the_package_and_the_yarn_papers_remark():
+    """At the returned factor the package's NTK-aware frequencies first show a new angle at exactly T; the factor
+    is larger than T / L (YaRN, Peng et al. 2023, sec. 3.1: s "has to be set higher than the expected scale"),
+    equal to it only when the slowest pair alone turns less than once in L."""
+    for d, base, L, T in ((16, 10000.0, 512, 2048), (128, 10000.0, 4096, 32768), (96, 500000.0, 8192, 65536)):
+        s = ntk_factor(d, base, L, T)
+        theta = rope_inv_freq(d, base).double()
+        slowed = scaled_inv_freq(d, base, {"kind": "ntk", "factor": s})[0].double()
+        under = L * theta / (2 * math.pi) < 1
+        assert math.isclose((L * theta / slowed)[under].min().item(), T, rel_tol=1e-5)
+        assert s > T / L
+    assert math.isclose(ntk_factor(16, 10000.0, 8192, 32768), 4.0, rel_tol=1e-12)     # only pair 7 is slow
+    assert math.isclose(ntk_factor(16, 10000.0, 512, 2048), 4 ** (14 / 8), rel_tol=1e-12)   # pair 4
 
 
-RIGHT["yarn_inv_freq"] = check.check_yarn_inv_freq, yarn
+def test_ntk_factor_measured_the_rise_goes_and_the_printed_digits_are_not_decided_by_rounding():
+    run = check._ntk_run(check._ntk_factor(16, 10000.0, 512, 2048))
+    assert run["rise_at_4"]["mean"] > run["rise_at_4"]["sd"]                        # s = 4: ranked rise
+    assert abs(run["rise"]["mean"]) < run["rise"]["sd"]                             # its factor: gone
+    assert run["past"]["diffs"].max() < 0 < run["inside_cost"]["diffs"].min()
+    for x in (run["rise"]["mean"], run["rise"]["sd"], run["past"]["mean"], run["inside_cost"]["mean"]):
+        assert abs(x * 100 - math.floor(x * 100) - 0.5) > 0.02                       # >= 2e-4 from a rounding edge
 
 
-@pytest.mark.parametrize("wrong, message", [
-    (lambda d, b, s, L: theta(d, b) / s, "PI"),
-    (lambda d, b, s, L: theta(d, b), "unchanged"),
-    (lambda d, b, s, L: yarn(d, b, s, L, reverse=True), "reversed"),
-    (lambda d, b, s, L: yarn(d, b, s, L, in_r=True), "linearly in the number of turns"),
-    (lambda d, b, s, L: yarn(d, b, s, L, no_round=True), "rounds the ramp"),
-    (lambda d, b, s, L: yarn(d, b, s, L) * 1.01, "differ from YaRN"),
-    (lambda d, b, s, L: theta(d, b)[:-1], "shape"),
+# ---------------------------------------------------------------- 2. YaRN's temperature in the softmax scale
+def yarn_partial(q, k, v, positions, rope_dim, s, L, *, mistake=None):
+    """Written as a learner would (float32 angles, torch's SDPA); or with one mistake."""
+    d = q.shape[-1]
+    rope = RotaryEmbedding(rope_dim, scaling={"kind": "yarn", "factor": s, "original_max_len": L})
+    if mistake == "cos_sin":
+        q_rot = torch.cat([q[..., :d - rope_dim], rope(q[..., d - rope_dim:], positions)], -1)
+        k_rot = torch.cat([k[..., :d - rope_dim], rope(k[..., d - rope_dim:], positions)], -1)
+        return F.scaled_dot_product_attention(q_rot, k_rot, v, is_causal=True)
+    angles = positions[:, None] * rope.inv_freq
+    cos, sin = angles.cos(), angles.sin()
+
+    def rotate(x):
+        if mistake == "first_features":
+            return torch.cat([apply_rotary(x[..., :rope_dim], cos, sin), x[..., rope_dim:]], -1)
+        return torch.cat([x[..., :d - rope_dim], apply_rotary(x[..., d - rope_dim:], cos, sin)], -1)
+
+    m = rope.attention_scaling
+    scale = {"mscale_once": m / math.sqrt(d), "no_sqrt_d": m ** 2, "none": 1 / math.sqrt(d),
+             "sqrt_rope_dim": m ** 2 / math.sqrt(rope_dim)}.get(mistake, m ** 2 / math.sqrt(d))
+    return F.scaled_dot_product_attention(rotate(q), rotate(k), v, is_causal=mistake != "not_causal", scale=scale)
+
+
+RIGHT["yarn_partial_attention"] = check.check_yarn_partial_attention, yarn_partial
+
+
+@pytest.mark.parametrize("mistake, message", [
+    ("cos_sin", "only the rotated features were sharpened"),
+    ("mscale_once", "the square of the factor on cos and sin"),
+    ("no_sqrt_d", "keep it, scale ="),
+    ("none", "no temperature"),
+    ("sqrt_rope_dim", "not over rope_dim"),
+    ("first_features", "rotate the last rope_dim features"),
+    ("not_causal", "the attention is causal"),
 ])
-def test_yarn_wrong(wrong, message):
-    with pytest.raises(ExerciseError, match=message):
-        check.check_yarn_inv_freq(wrong)
+def test_yarn_partial_attention_wrong(mistake, message):
+    raises(check.check_yarn_partial_attention, lambda *a: yarn_partial(*a, mistake=mistake), message)
 
 
-# ---------------------------------------------------------------- 3. loss per position
+def test_yarn_partial_attention_other_mistakes():
+    def both(q, k, v, positions, rope_dim, s, L):               # RotaryEmbedding's tables and the scale too
+        d = q.shape[-1]
+        rope = RotaryEmbedding(rope_dim, scaling={"kind": "yarn", "factor": s, "original_max_len": L})
+        q_rot = torch.cat([q[..., :d - rope_dim], rope(q[..., d - rope_dim:], positions)], -1)
+        k_rot = torch.cat([k[..., :d - rope_dim], rope(k[..., d - rope_dim:], positions)], -1)
+        return F.scaled_dot_product_attention(q_rot, k_rot, v, is_causal=True,
+                                              scale=rope.attention_scaling ** 2 / math.sqrt(d))
+
+    def plain_freq(q, k, v, positions, rope_dim, s, L):
+        d = q.shape[-1]
+        rope = RotaryEmbedding(rope_dim)
+        q_rot = torch.cat([q[..., :d - rope_dim], rope(q[..., d - rope_dim:], positions)], -1)
+        k_rot = torch.cat([k[..., :d - rope_dim], rope(k[..., d - rope_dim:], positions)], -1)
+        m = 0.1 * math.log(s) + 1
+        return F.scaled_dot_product_attention(q_rot, k_rot, v, is_causal=True, scale=m ** 2 / math.sqrt(d))
+
+    raises(check.check_yarn_partial_attention, both, "the temperature is applied twice")
+    raises(check.check_yarn_partial_attention, plain_freq, "not plain RoPE's")
+    raises(check.check_yarn_partial_attention, lambda *a: yarn_partial(*a) * 1.01, "differs from the expected")
+    raises(check.check_yarn_partial_attention, lambda *a: yarn_partial(*a)[..., :-1], "should have shape")
+
+
+def test_yarn_partial_matches_deepseek_v3s_fold():
+    """DeepSeek-V3's inference/model.py: softmax_scale = qk_head_dim ** -0.5 * mscale ** 2 with
+    mscale = 0.1 * 1.0 * ln(rope_factor) + 1; the rope part rotated with unscaled cos and sin (torch.polar(ones, ...))."""
+    gen = torch.Generator().manual_seed(3)
+    q, k = (torch.randn(1, 2, 9, 192, generator=gen, dtype=torch.float64) for _ in range(2))
+    v = torch.randn(1, 2, 9, 128, generator=gen, dtype=torch.float64)
+    positions = torch.arange(9) * 5000
+    ours = check._yarn_partial(q, k, v, positions, 64, 40.0, 4096)
+    rope = RotaryEmbedding(64, scaling={"kind": "yarn", "factor": 40.0, "original_max_len": 4096})
+    angles = positions[:, None].double() * rope.inv_freq.double()
+    rot = lambda x: torch.cat([x[..., :128], apply_rotary(x[..., 128:], angles.cos(), angles.sin())], -1)  # noqa: E731
+    scores = rot(q) @ rot(k).transpose(-1, -2) * 192 ** -0.5 * (0.1 * math.log(40.0) + 1) ** 2
+    scores = scores.masked_fill(torch.ones(9, 9, dtype=torch.bool).triu(1), float("-inf"))
+    torch.testing.assert_close(ours, scores.softmax(-1) @ v)
+
+
+# ---------------------------------------------------------------- 3. loss per position (the measurement behind the curves)
 def lpp(model, windows):
     logits = model(windows[:, :-1])
     return F.cross_entropy(logits.transpose(1, 2), windows[:, 1:], reduction="none")
@@ -102,160 +194,60 @@ def test_loss_per_position_wrong(wrong, message):
         check.check_loss_per_position(wrong)
 
 
-# ---------------------------------------------------------------- 4. YaRN by the paper's definitions
-def paper(th, s, L, *, mistake=None):
-    """h(theta) and sqrt(1/t) as the YaRN paper defines them (alpha = 1, beta = 32), or a planted mistake."""
-    r = L * th / (2 * math.pi)
-    if mistake == "no_2pi":
-        r = L * th
+
+# ---------------------------------------------------------------- 4. Llama 3.1's scaling read back
+def read_llama3(theta, scaled, L, *, mistake=None):
+    """Written as a learner would: s from the divided pairs, the boundaries from two blended pairs."""
+    ratio = scaled / theta
+    s = 1 / ratio.min().item()
+    blended = (ratio > (1 + 1e-9) / s) & (ratio < 1 - 1e-9)
+    turns = L * theta / (1 if mistake == "no_2pi" else 2 * math.pi)
+    smooth = ratio if mistake == "ratio_as_smooth" else (ratio - 1 / s) / (1 - 1 / s)
+    x = (L * 2 * math.pi / theta) if mistake == "wavelength" else turns
+    (x0, x1), (y0, y1) = x[blended][[0, -1]].tolist(), smooth[blended][[0, -1]].tolist()
+    slope = (y1 - y0) / (x1 - x0)
+    low, high = x0 - y0 / slope, x0 + (1 - y0) / slope
     if mistake == "wavelength":
-        r = 2 * math.pi / th
-    gamma = (r - 1) / (32 - 1) if mistake != "not_normalised" else r - 1
-    if mistake != "no_clamp":
-        gamma = gamma.clamp(0, 1)
-    if mistake == "reversed":
-        gamma = 1 - gamma
-    mscale = {"squared": (0.1 * math.log(s) + 1) ** 2, "log10": 0.1 * math.log10(s) + 1,
-              "inverse": 1 / (0.1 * math.log(s) + 1), "none": 1.0}.get(mistake, 0.1 * math.log(s) + 1)
-    return (1 - gamma) * th / s + gamma * th, mscale
+        low, high = high, low
+    if mistake == "swapped":
+        low, high = high, low
+    if mistake == "nearest_pairs":
+        low, high = turns[ratio <= (1 + 1e-9) / s].max().item(), turns[ratio >= 1 - 1e-9].min().item()
+    if mistake == "inverse_factor":
+        s = 1 / s
+    return s, low, high
 
 
-RIGHT["yarn_paper"] = check.check_yarn_paper, paper
-RIGHT["yarn_paper_0d_tensor"] = (
-    check.check_yarn_paper,
-    lambda th, s, L: (paper(th, s, L)[0], torch.tensor(paper(th, s, L)[1])))
+RIGHT["read_llama3_scaling"] = check.check_read_llama3_scaling, read_llama3
 
 
-def code_ramp(th, s, L):
-    d = 2 * len(th)
-    return yarn(d, 10000.0, s, L), 0.1 * math.log(s) + 1
+@pytest.mark.parametrize("mistake, message", [
+    ("swapped", "low_freq_factor is the smaller one"),
+    ("no_2pi", "without the 2π"),
+    ("ratio_as_smooth", "smooth is not θ'/θ"),
+    ("nearest_pairs", "the boundaries lie between pairs"),
+    ("inverse_factor", "that is 1/s"),
+    ("wavelength", "rebuilt through the package"),
+])
+def test_read_llama3_scaling_wrong(mistake, message):
+    raises(check.check_read_llama3_scaling, lambda th, sc, L: read_llama3(th, sc, L, mistake=mistake), message)
 
 
 @pytest.mark.parametrize("wrong, message", [
-    (lambda th, s, L: paper(th, s, L, mistake="reversed"), "reversed"),
-    (lambda th, s, L: paper(th, s, L, mistake="no_2pi"), "forgot the 2 pi"),
-    (lambda th, s, L: paper(th, s, L, mistake="wavelength"), "not over the wavelength"),
-    (lambda th, s, L: paper(th, s, L, mistake="no_clamp"), "clamp gamma"),
-    (lambda th, s, L: paper(th, s, L, mistake="not_normalised"), "divide by beta - alpha"),
-    (code_ramp, "reference code's ramp"),
-    (lambda th, s, L: (th / s, 0.1 * math.log(s) + 1), "PI"),
-    (lambda th, s, L: (th, 0.1 * math.log(s) + 1), "unchanged"),
-    (lambda th, s, L: paper(th, s, L, mistake="squared"), "1/t, the factor on the scores"),
-    (lambda th, s, L: paper(th, s, L, mistake="log10"), "natural log"),
-    (lambda th, s, L: paper(th, s, L, mistake="inverse"), "upside down"),
-    (lambda th, s, L: paper(th, s, L, mistake="none"), "leaves out YaRN's temperature"),
-    (lambda th, s, L: (paper(th, s, L)[0], 1.3), "should be 0.1 ln s"),
-    (lambda th, s, L: paper(th, s, L)[0], "return two things"),
-    (lambda th, s, L: (paper(th, s, L)[0] * 1.01, 0.1 * math.log(s) + 1), "expected"),
-    (lambda th, s, L: paper(th, 4.0, 512) if len(th) == 8 else paper(th, 4.0, 512), "use the arguments"),
+    (lambda th, sc, L: (8.0, 1.0, 4.0), "read them from the frequencies"),
+    (lambda th, sc, L: (read_llama3(th, sc, L)[0], L / 1.0, L / 4.0) if len(th) == 64 else read_llama3(th, sc, L),
+     "wavelength boundary"),
+    (lambda th, sc, L: read_llama3(th, sc, L)[:2], "return three numbers"),
+    (lambda th, sc, L: (read_llama3(th, sc, L)[0], "1", 4.0), "should be one number"),
 ])
-def test_yarn_paper_wrong(wrong, message):
-    with pytest.raises(ExerciseError, match=message):
-        check.check_yarn_paper(wrong)
+def test_read_llama3_scaling_wrong_kind(wrong, message):
+    raises(check.check_read_llama3_scaling, wrong, message)
 
 
-# ----------------------------------------------------------------------------- Llama 3.1's blend
-
-def llama3(theta, s, L, low, high, *, mistake=None):
-    """Llama 3.1's frequencies, pair by pair as Meta's apply_scaling writes them; or with one mistake."""
-    out = []
-    for f in theta.tolist():
-        wavelength = (1 / f) if mistake == "no_2pi" else 2 * math.pi / f
-        fast, slow = (L / low, L / high) if mistake == "swapped" else (L / high, L / low)
-        smooth = (L / wavelength - low) / (high - low)
-        if mistake == "swapped":
-            smooth = (L / wavelength - high) / (low - high)
-        if mistake == "wavelength":
-            smooth = (L / low - wavelength) / (L / low - L / high)
-        if mistake == "no_clamp":
-            out.append((1 - smooth) * f / s + smooth * f)
-        elif wavelength < fast:
-            out.append(f)
-        elif wavelength > slow:
-            out.append(f / s)
-        elif mistake == "reversed":
-            out.append((1 - smooth) * f + smooth * f / s)
-        else:
-            out.append((1 - smooth) * f / s + smooth * f)
-    return torch.tensor(out, dtype=torch.float64)
-
-
-RIGHT["llama3_inv_freq"] = check.check_llama3_inv_freq, llama3
-
-
-@pytest.mark.parametrize("wrong, message", [
-    (lambda th, s, L, lo, hi: llama3(th, s, L, lo, hi, mistake="swapped"), "boundaries are swapped"),
-    (lambda th, s, L, lo, hi: llama3(th, s, L, lo, hi, mistake="reversed"), "blend is reversed"),
-    (lambda th, s, L, lo, hi: llama3(th, s, L, lo, hi, mistake="wavelength"), "not in the wavelength"),
-    (lambda th, s, L, lo, hi: llama3(th, s, L, lo, hi, mistake="no_2pi"), "forgot the 2π"),
-    (lambda th, s, L, lo, hi: llama3(th, s, L, lo, hi, mistake="no_clamp"), "smooth leaves [0, 1]"),
-    (lambda th, s, L, lo, hi: th.clone(), "unscaled"),
-    (lambda th, s, L, lo, hi: th / s, "position interpolation"),
-    (lambda th, s, L, lo, hi: llama3(th, 8.0, 8192, 1.0, 4.0), "use the arguments"),
-    (lambda th, s, L, lo, hi: llama3(th, s, L, lo, hi) * 1.01, "expected θ where"),
-    (lambda th, s, L, lo, hi: llama3(th, s, L, lo, hi)[:-1], "shape"),
-])
-def test_llama3_inv_freq_wrong(wrong, message):
-    with pytest.raises(ExerciseError) as info:
-        check.check_llama3_inv_freq(wrong)
-    assert message in str(info.value), str(info.value)
-
-
-def test_llama3_answer_matches_the_package_at_llama_3_1s_shape():
+def test_read_llama3_inverts_the_package_at_llama_3_1s_shape():
     theta = rope_inv_freq(128, 500000.0).double()
-    ours = llama3(theta, 8.0, 8192, 1.0, 4.0)
-    package = scaled_inv_freq(128, 500000.0, {"kind": "llama3", "factor": 8.0, "original_max_len": 8192})[0]
-    torch.testing.assert_close(ours, package.double(), rtol=1e-5, atol=1e-9)
-
-
-# ----------------------------------------------------------------------------- where NTK-aware breaks
-
-def ntk_break(d, base, s, L, *, mistake=None):
-    """The earliest position where a pair under one turn in L meets an angle beyond L * theta_i."""
-    exponent = 1 if mistake == "no_exponent" else d / (d - 2)
-    positions = []
-    for i in range(d // 2):
-        theta = base ** (-2 * i / d)
-        slowed = (base * s ** exponent) ** (-2 * i / d)
-        if mistake in ("all_pairs", "slowest_pair") or L * theta / (2 * math.pi) < 1:
-            positions.append(L * theta / slowed)
-    return positions[-1] if mistake == "slowest_pair" else min(positions)
-
-
-RIGHT["ntk_break"] = check.check_ntk_break, ntk_break
-
-
-@pytest.mark.parametrize("wrong, message", [
-    (lambda d, b, s, L: ntk_break(d, b, s, L, mistake="slowest_pair"), "slowest pair"),
-    (lambda d, b, s, L: ntk_break(d, b, s, L, mistake="all_pairs"), "already seen every angle"),
-    (lambda d, b, s, L: ntk_break(d, b, s, L, mistake="no_exponent"), "b · s^(d/(d−2)), not b · s"),
-    (lambda d, b, s, L: float(L), "already seen every angle"),       # pair 0 is kept by NTK: L, as all_pairs
-    (lambda d, b, s, L: ntk_break(16, 10000.0, 4.0, 512), "use the arguments"),
-    (lambda d, b, s, L: ntk_break(d, b, s, L) + 50, "expected the earliest"),
-    (lambda d, b, s, L: [ntk_break(d, b, s, L)], "return one number"),
-])
-def test_ntk_break_wrong(wrong, message):
-    with pytest.raises(ExerciseError) as info:
-        check.check_ntk_break(wrong)
-    assert message in str(info.value), str(info.value)
-
-
-def test_ntk_break_on_the_tiny_decoder_is_pair_4_and_the_saved_losses_rise_after_it():
-    position = ntk_break(16, 10000.0, 4.0, 512)
-    assert 1024 < position < 1280                                      # pair 4: 512 * 4^(8/14)
-    assert math.isclose(position, 512 * 4 ** (8 / 14), rel_tol=1e-12)
-    seen = check._ntk_measured(position)
-    assert seen["first_after"] == 1280 and seen["mean"] > seen["sd"] > 0
+    scaled = llama3_inv_freq(theta, 8.0, 8192, 1.0, 4.0)
+    assert all(math.isclose(g, w, rel_tol=1e-9) for g, w in zip(read_llama3(theta, scaled, 8192), (8.0, 1.0, 4.0)))
 
 
 test_right_and_not_attempted = right_and_not_attempted_test(RIGHT, stub)
-
-
-def test_ntk_break_message_names_the_buckets_it_averages(capsys):
-    """The message's range is the buckets averaged: 512 up to the last bucket wholly before 1131, i.e. 1024."""
-    from selfattn_lite.exercises import nb12 as ex
-    seen = ex._ntk_measured(ex._ntk_break(16, 10000.0, 4.0, 512))
-    assert (seen["last_before"], seen["first_after"]) == (1024, 1280)
-    check.check_ntk_break(ntk_break)
-    out = capsys.readouterr().out
-    assert "between 512 and 1024" in out and "from 1280 on" in out and "between 512 and 1131" not in out
