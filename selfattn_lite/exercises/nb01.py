@@ -38,6 +38,7 @@ def _softmax_targets():
 
 def _attention_targets():
     import selfattn_lite
+
     from .. import attention
 
     return [(F, "scaled_dot_product_attention"), (selfattn_lite, "scaled_dot_product_attention"),
