@@ -3,20 +3,57 @@
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 
 import torch
+import torch.nn.functional as F
 
 from . import ExerciseError, NotAttempted, attempt, close, not_attempted, passed, require_tensor
 
 __all__ = ["check_softmax", "check_attention"]
 
 
+@contextmanager
+def _forbidden(targets, message: str):
+    """Within the block, calling any ``(owner, name)`` in ``targets`` raises ExerciseError(message)."""
+    def refuse(*args, **kwargs):
+        raise ExerciseError(message)
+
+    saved = [(owner, name, owner.__dict__.get(name)) for owner, name in targets]
+    for owner, name, _ in saved:
+        setattr(owner, name, refuse)
+    try:
+        yield
+    finally:
+        for owner, name, original in saved:
+            if original is None:
+                delattr(owner, name)            # it was inherited (torch.Tensor.softmax): inherit it again
+            else:
+                setattr(owner, name, original)
+
+
+def _softmax_targets():
+    return [(torch, "softmax"), (F, "softmax"), (torch.special, "softmax"), (torch.Tensor, "softmax")]
+
+
+def _attention_targets():
+    import selfattn_lite
+
+    from .. import attention
+
+    return [(F, "scaled_dot_product_attention"), (selfattn_lite, "scaled_dot_product_attention"),
+            (attention, "scaled_dot_product_attention")]
+
+
 def check_softmax(fn) -> None:
     """``fn(x)`` must return softmax over the last dim of x, without overflowing."""
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(4, 4, generator=gen)
+    no_softmax = _forbidden(_softmax_targets(), "softmax_rows calls torch's softmax, the function it is meant to "
+                            "rebuild: write it from exp and a row sum")
     try:
-        got = attempt(fn, x.clone())
+        with no_softmax:
+            got = attempt(fn, x.clone())
     except NotAttempted:
         return not_attempted("softmax_rows")
     got = require_tensor("softmax_rows(x)", got, x.shape)
@@ -28,7 +65,8 @@ def check_softmax(fn) -> None:
     if not close(got, torch.softmax(x, dim=-1)):
         raise ExerciseError("rows sum to 1 but the values differ from softmax: use exp(x_j) / sum_j exp(x_j)")
     big = x * 1000
-    got_big = attempt(fn, big.clone())
+    with _forbidden(_softmax_targets(), "softmax_rows calls torch's softmax"):
+        got_big = attempt(fn, big.clone())
     if not torch.isfinite(got_big).all():
         raise ExerciseError("scores of size ~1000 give inf/NaN: exp overflows. Subtract each row's max first "
                             "(softmax(x) = softmax(x - max(x)))")
@@ -57,8 +95,11 @@ def check_attention(fn) -> None:
         w = torch.softmax(scores, dim=-1)
         return w @ v, w
 
+    no_sdpa = _forbidden(_attention_targets(), "attention calls a library's scaled_dot_product_attention, the "
+                         "function it is meant to rebuild: write the scores, the softmax and the weighted sum")
     try:
-        result = attempt(fn, q, k, v)
+        with no_sdpa:
+            result = attempt(fn, q, k, v)
     except NotAttempted:
         return not_attempted("attention")
     if not isinstance(result, tuple) or len(result) != 2:
@@ -77,7 +118,8 @@ def check_attention(fn) -> None:
         raise ExerciseError("the weights differ from softmax(Q K^T / sqrt(dk)): check the transpose of K")
     if not close(out, expected_out):
         raise ExerciseError("the weights are right but the output is not weights @ V")
-    out_m, w_m = attempt(fn, q, k, v, mask)
+    with _forbidden(_attention_targets(), "attention calls a library's scaled_dot_product_attention"):
+        out_m, w_m = attempt(fn, q, k, v, mask)
     if close(w_m, reference(raw / math.sqrt(dk), ~mask)[1]):
         raise ExerciseError("mask polarity is flipped: in this course (and torch SDPA) True means 'may attend'; "
                             "fill the scores with -inf where the mask is False")

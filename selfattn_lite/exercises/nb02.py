@@ -1,4 +1,4 @@
-"""Checkers for notebook 02: the worked 3-token example."""
+"""Checkers for notebook 02: the worked 3-token example (token 2's causal row, the query length that saturates)."""
 
 from __future__ import annotations
 
@@ -16,19 +16,41 @@ Q2 = torch.tensor([0.0, 1.0])
 
 
 def check_second_query(weights, output) -> None:
-    """Weights (3,) and output (2,) of the query q = [0, 1] over the example's keys and values."""
+    """Token 2's causal row: weights (3,) and output (2,) of q = [0, 1] when it may see tokens 1 and 2 only.
+
+    Scores q.k_j / sqrt(2) = [0, 0.707, 0.707]; the causal mask sets token 3's to -inf, so the weights are
+    softmax([0, 0.707]) followed by 0, and the output is w_1 v_1 + w_2 v_2.
+    """
     if weights is None or output is None:
         return not_attempted("weights_q2 and output_q2")
     weights = require_tensor("weights_q2", torch.as_tensor(weights, dtype=torch.float32), (3,))
     output = require_tensor("output_q2", torch.as_tensor(output, dtype=torch.float32), (2,))
     scores = KEYS @ Q2
-    expected = torch.softmax(scores / math.sqrt(2), dim=-1)
-    if close(weights, scores / math.sqrt(2), atol=5e-3):
-        raise ExerciseError("these are the scaled scores, not the weights: apply softmax to them")
-    if close(weights, torch.softmax(scores, dim=-1), atol=5e-3):
+    scaled = scores / math.sqrt(2)
+    allowed = torch.tensor([True, True, False])                          # token 2's row of the causal mask
+
+    def masked_softmax(s, keep):
+        return torch.softmax(s.masked_fill(~keep, float("-inf")), dim=-1)
+
+    expected = masked_softmax(scaled, allowed)
+    unmasked = torch.softmax(scaled, dim=-1)
+    if close(weights, unmasked, atol=5e-3):
+        raise ExerciseError("these are the weights without the mask: token 3 comes after token 2, so the causal "
+                            "mask gives it weight 0 (its score becomes -inf before the softmax)")
+    if close(weights, unmasked * allowed, atol=5e-3):
+        raise ExerciseError(f"the weights sum to {(unmasked * allowed).sum().item():.2f}, not 1: you zeroed token 3 "
+                            "after the softmax; mask its score (-inf) before the softmax, so tokens 1 and 2 share "
+                            "all the weight")
+    if close(weights, masked_softmax(scaled, torch.tensor([True, False, False])), atol=5e-3):
+        raise ExerciseError("that is token 1's row of the causal mask ([True, False, False]); token 2 may see "
+                            "tokens 1 and 2: [True, True, False]")
+    if close(weights, masked_softmax(scores, allowed), atol=5e-3):
         raise ExerciseError("you forgot to divide the scores by sqrt(dk) = sqrt(2) before the softmax")
+    if close(weights[:2], scaled[:2], atol=5e-3):
+        raise ExerciseError("these are the scaled scores, not the weights: apply softmax to them")
     if not close(weights, expected, atol=5e-3):
-        raise ExerciseError(f"weights should be softmax(q.k_j / sqrt(2)); the scores q.k_j are {scores.tolist()}")
+        raise ExerciseError(f"weights should be softmax(q.k_j / sqrt(2)) over tokens 1 and 2, and 0 for token 3; "
+                            f"the scores q.k_j are {scores.tolist()}")
     if not close(output, expected @ VALUES, atol=5e-3):
         raise ExerciseError("the weights are right; the output is sum_j w_j v_j (weights @ VALUES)")
     return passed(f"weights {[round(x, 2) for x in expected.tolist()]}, output "

@@ -204,10 +204,11 @@ def _softmax(scores: torch.Tensor) -> torch.Tensor:
 
 
 class TemperatureWidget(HeatmapWidget):
-    """Attention weights softmax(scores / T) with a slider for the temperature T.
+    """Attention weights softmax(scores / tau) with a slider for the temperature tau (shown as τ).
 
-    T = 1 is plain scaled attention; small T sharpens each row towards one-hot
-    (what happens to unscaled scores when dk is large), large T flattens it.
+    tau = 1 is plain scaled attention; small tau sharpens each row towards one-hot
+    (what happens to unscaled scores when dk is large), large tau flattens it. The title prints the mean row
+    entropy -sum_j w_j ln w_j in nats (0 for one-hot rows, ln S for uniform ones).
 
     Args:
         scores: (L, S) scaled scores q.k / sqrt(dk).
@@ -222,7 +223,7 @@ class TemperatureWidget(HeatmapWidget):
         self.scores = scores.detach().to(torch.float32)
         self.query_labels, self.key_labels = query_labels, key_labels
         self.slider = widgets.FloatLogSlider(value=temperature, base=10, min=-1.3, max=1.3, step=0.05,
-                                             description="temperature T", readout_format=".2f",
+                                             description="temperature τ", readout_format=".2f",
                                              continuous_update=True,
                                              style={"description_width": "initial"})
         super().__init__([self.slider])
@@ -230,12 +231,12 @@ class TemperatureWidget(HeatmapWidget):
 
     @property
     def weights(self) -> torch.Tensor:
-        """(L, S) current weights softmax(scores / T)."""
+        """(L, S) current weights softmax(scores / tau)."""
         return _softmax(self.scores / self.slider.value)
 
     def _title(self, w: torch.Tensor) -> str:
         entropy = -(w * w.clamp_min(1e-12).log()).sum(-1).mean().item()
-        return (f"T = {self.slider.value:.2f}: mean row entropy {entropy:.2f} nats "
+        return (f"τ = {self.slider.value:.2f}: mean row entropy {entropy:.2f} nats "
                 f"(uniform: {math.log(w.shape[-1]):.2f})")
 
     def draw(self, fig: Figure) -> None:

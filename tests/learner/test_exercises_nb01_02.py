@@ -31,10 +31,13 @@ RIGHT["softmax"] = nb01.check_softmax, good_softmax
 
 
 @pytest.mark.parametrize("wrong, match", [
-    (lambda x: torch.softmax(x, dim=0), "dim=-1"),
+    (lambda x: x.exp() / x.exp().sum(0, keepdim=True), "dim=-1"),                # columns, not rows
     (lambda x: x.exp(), "sum to 1"),
     (lambda x: x.exp() / x.exp().sum(-1, keepdim=True), "overflows"),
     (lambda x: torch.full_like(x, 0.25), "differ from softmax"),
+    (lambda x: torch.softmax(x, dim=-1), "calls torch's softmax"),           # the function being rebuilt
+    (lambda x: x.softmax(-1), "calls torch's softmax"),
+    (lambda x: torch.nn.functional.softmax(x, -1), "calls torch's softmax"),
 ])
 def test_softmax_checker_diagnoses(wrong, match):
     with pytest.raises(ExerciseError, match=match):
@@ -69,6 +72,11 @@ def only_weights_right(q, k, v, mask=None):
     return out * 2, w
 
 
+def sdpa_of_the_package(q, k, v, mask=None):
+    import selfattn_lite as sal
+    return sal.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
 RIGHT["attention"] = nb01.check_attention, good_attention
 
 
@@ -76,22 +84,51 @@ RIGHT["attention"] = nb01.check_attention, good_attention
     (unscaled, "sqrt\\(dk\\)"), (by_dk, "by dk"), (wrong_dim, "dim=-1"), (flipped_mask, "polarity"),
     (ignored_mask, "ignored"), (only_weights_right, "output is not weights @ V"),
     (lambda q, k, v, mask=None: good_attention(q, k, v)[0], "pair"),
+    (lambda q, k, v, mask=None: torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask),
+     "scaled_dot_product_attention"),
+    (sdpa_of_the_package, "scaled_dot_product_attention"),
 ])
 def test_attention_checker_diagnoses(wrong, match):
     with pytest.raises(ExerciseError, match=match):
         nb01.check_attention(wrong)
 
 
+def test_forbidden_functions_come_back():
+    """A checker that refused torch's softmax or SDPA leaves them working afterwards."""
+    import selfattn_lite as sal
+    with pytest.raises(ExerciseError):
+        nb01.check_softmax(lambda x: x.softmax(-1))
+    with pytest.raises(ExerciseError):
+        nb01.check_attention(sdpa_of_the_package)
+    x = torch.randn(2, 3)
+    torch.testing.assert_close(x.softmax(-1), torch.nn.functional.softmax(x, -1))
+    torch.testing.assert_close(torch.softmax(x, -1), torch.special.softmax(x, -1))
+    torch.testing.assert_close(sal.scaled_dot_product_attention(x, x, x)[0],
+                               torch.nn.functional.scaled_dot_product_attention(x, x, x))
+
+
+def token2_causal(scores):
+    """softmax over tokens 1 and 2 (token 2's causal row), 0 for token 3."""
+    return torch.softmax(scores.masked_fill(torch.tensor([False, False, True]), float("-inf")), -1)
+
+
 def test_second_query_checker(capsys):
     s = nb02.KEYS @ torch.tensor([0.0, 1.0]) / math.sqrt(2)
-    w = torch.softmax(s, -1)
-    expect_correct(nb02.check_second_query, w, capsys, w @ nb02.VALUES)
+    w = token2_causal(s)
+    out = expect_correct(nb02.check_second_query, w, capsys, w @ nb02.VALUES)
+    assert "weights [0.33, 0.67, 0.0], output [0.33, 1.34]" in out
     expect_not_attempted(nb02.check_second_query, None, capsys, None)
-    with pytest.raises(ExerciseError, match="apply softmax"):
-        nb02.check_second_query(s, s @ nb02.VALUES)
-    with pytest.raises(ExerciseError, match="sqrt\\(2\\)"):
-        w_unscaled = torch.softmax(s * math.sqrt(2), -1)
-        nb02.check_second_query(w_unscaled, w_unscaled @ nb02.VALUES)
+    unmasked = torch.softmax(s, -1)
+    planted = [
+        (unmasked, "without the mask"),                                              # no causal mask
+        (unmasked * torch.tensor([1.0, 1.0, 0.0]), "after the softmax"),              # zeroed, not renormalised
+        (torch.tensor([1.0, 0.0, 0.0]), "token 1's row"),                             # the first row of the mask
+        (token2_causal(s * math.sqrt(2)), "sqrt\\(2\\)"),                              # scale forgotten
+        (s.masked_fill(torch.tensor([False, False, True]), 0.0), "apply softmax"),    # scores, not weights
+    ]
+    for weights, match in planted:
+        with pytest.raises(ExerciseError, match=match):
+            nb02.check_second_query(weights, weights @ nb02.VALUES)
     with pytest.raises(ExerciseError, match="weights @ VALUES"):
         nb02.check_second_query(w, w @ nb02.KEYS)
     with pytest.raises(ExerciseError, match=r"shape \(3,\)"):

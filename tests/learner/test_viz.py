@@ -34,7 +34,7 @@ def test_temperature_widget_slider_changes_the_plotted_data():
     torch.testing.assert_close(data_after, torch.softmax(scores / 0.1, -1))
     assert not torch.allclose(torch.tensor(data_before.data), data_after)
     assert w.image.value != png_before and w.image.value[:4] == b"\x89PNG"
-    assert "T = 0.10" in w.figure.axes[0].get_title()
+    assert "τ = 0.10" in w.figure.axes[0].get_title()
     cell_texts = [t.get_text() for t in w.figure.axes[0].texts]
     assert cell_texts == [format(x, ".2f") for x in data_after.flatten().tolist()]
     assert w.renders == 2
