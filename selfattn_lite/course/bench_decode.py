@@ -121,7 +121,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     parser.add_argument("--repeat", type=int, default=1, help="timed runs (default 1); prints each and the best")
     parser.add_argument("--targets", action="store_true",
-                        help="check the course's decode targets (speed-up with the cache, step growth); exit 1 if missed")
+                        help="check the course's decode targets (cache speed-up, step growth); exit 1 if missed")
     args = parser.parse_args(argv)
     model = load_tiny_decoder(device=args.device)
     where = f"{bench.device_name(torch.device(args.device))}, {torch.get_num_threads()} threads"
