@@ -1,4 +1,5 @@
-"""Checkers for notebook 06: the cache size formula, one cached attention step, a cached decoding loop."""
+"""Checkers for notebook 06: int8 quantisation of a cache, attention of new tokens over a cache, a cached
+decoding loop."""
 
 from __future__ import annotations
 
@@ -8,125 +9,160 @@ import torch
 
 from . import ExerciseError, NotAttempted, attempt, close, not_attempted, passed, require_tensor
 
-__all__ = ["check_kv_cache_bytes", "check_cached_attention", "check_generate"]
+__all__ = ["check_quantize_int8", "check_cached_attention", "check_generate"]
 
 
-def check_kv_cache_bytes(fn) -> None:
-    """``fn(n_layers, n_kv_heads, head_dim, n_tokens, batch, bytes_per_value)`` must return the bytes."""
-    cases = [  # (layers, kv heads, head_dim, tokens, batch, bytes): Llama-2-7B, Llama-3-8B, a 70B, GPT-2
-        (32, 32, 128, 4096, 1, 2),
-        (32, 8, 128, 8192, 4, 2),
-        (80, 8, 128, 1000, 3, 1),
-        (12, 12, 64, 1024, 8, 4),
-    ]
-    got = []
-    for case in cases:
-        try:
-            value = attempt(fn, *case)
-        except NotAttempted:
-            return not_attempted("kv_bytes")
-        if isinstance(value, torch.Tensor) and value.numel() == 1:
-            value = value.item()
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ExerciseError(f"return a number of bytes, got {type(value).__name__}")
-        got.append(float(value))
+def check_quantize_int8(fn) -> None:
+    """``fn(x)`` must return (q, scale): absmax int8 quantisation of each vector along the last dim.
 
-    def right(L, h, d, t, b, n):
-        return 2 * L * h * d * t * b * n
+    x: (B, h, T, dk) floats; q: int8 of x's shape; scale: (B, h, T, 1) with scale = max|x| / 127 per
+    vector and q = round(x / scale), so |q * scale - x| <= scale / 2 everywhere.
+    """
+    gen = torch.Generator().manual_seed(8)
+    x = torch.randn(2, 3, 6, 16, generator=gen)
+    x[0, 1, 2, 5] = -9.0                                   # a negative outlier: the largest |x| of its vector
+    x[1, 0, 4] *= 0.01                                      # a small vector: its own scale, not the tensor's
+    try:
+        result = attempt(fn, x.clone())
+    except NotAttempted:
+        return not_attempted("quantize_int8")
+    if not isinstance(result, tuple) or len(result) != 2:
+        raise ExerciseError("return a pair (q, scale)")
+    q, scale = result
+    require_tensor("q", q)
+    require_tensor("scale", scale)
+    if q.dtype != torch.int8:
+        raise ExerciseError(f"q is {q.dtype}: store it as int8, q.to(torch.int8), one byte per value")
+    require_tensor("q", q, tuple(x.shape))
+    absmax = x.abs().amax(dim=-1, keepdim=True)            # (B, h, T, 1)
+    if scale.numel() == 1:
+        raise ExerciseError("one scale for the whole tensor: a single large value then crushes every other "
+                            "vector to a few levels. Take the max over the last dim only, "
+                            "x.abs().amax(dim=-1, keepdim=True): one scale per head and token")
+    if tuple(scale.shape) == tuple(x.shape[:-1]):
+        raise ExerciseError(f"scale has shape {tuple(scale.shape)}: keep the last dim (keepdim=True), "
+                            f"shape {tuple(absmax.shape)}, so q * scale broadcasts over each vector")
+    require_tensor("scale", scale, tuple(absmax.shape))
+    scale = scale.to(torch.float32)
+    for wrong, hint in ((x.amax(dim=-1, keepdim=True) / 127, "the max of x, not of |x|: a vector whose "
+                         "largest magnitude is negative then overflows int8. Use x.abs().amax(...)"),
+                        (absmax / 255, "scale = max|x| / 255 uses the unsigned range: int8 holds -127..127, "
+                         "so scale = max|x| / 127"),
+                        (absmax / 128, "scale = max|x| / 128 sends the largest value to 128, one past int8's "
+                         "127: scale = max|x| / 127"),
+                        (absmax, "scale = max|x| maps every vector into [-1, 1], so q is only -1, 0 or 1: "
+                         "scale = max|x| / 127")):
+        if close(scale, wrong) and not close(scale, absmax / 127):
+            raise ExerciseError(hint)
+    if not close(scale, absmax / 127):
+        raise ExerciseError("scale should be max|x| / 127 for each vector (the max over the last dim)")
+    error = (q.to(torch.float32) * scale - x).abs()
+    if bool((error > scale / 2 * (1 + 1e-4) + 1e-7).any()):
+        truncated = (x / scale).to(torch.int8)
+        if torch.equal(q, truncated):
+            raise ExerciseError("q truncates toward zero ((x / scale).to(torch.int8)): round first, "
+                                "torch.round(x / scale), so the error is at most half a step")
+        raise ExerciseError(f"q * scale misses x by up to {float((error / scale).max()):.2f} steps; "
+                            "q = round(x / scale) misses it by at most half a step")
+    return passed("absmax int8: one scale per vector, every value within half a step (scale / 2) of x")
 
-    mistakes = [  # (what the learner computed, the diagnosis); checked on every case at once
-        (lambda L, h, d, t, b, n: right(L, h, d, t, b, n) / 2,
-         "The cache stores keys AND values: a factor 2"),
-        (lambda L, h, d, t, b, n: right(L, h, d, t, b, n) * 8,
-         "You counted bits: bytes_per_value is already in bytes"),
-        (lambda L, h, d, t, b, n: right(L, h, d, t, b, n) / L,
-         "Every layer has its own cache: multiply by n_layers"),
-        (lambda L, h, d, t, b, n: right(L, h, d, t, b, n) / b,
-         "Each sequence of the batch has its own cache: multiply by batch"),
-        (lambda L, h, d, t, b, n: right(L, h, d, t, b, n) / n,
-         "You counted values: multiply by bytes_per_value"),
-        (lambda L, h, d, t, b, n: right(L, h, d, t, b, n) / t,
-         "That is one token's cache: multiply by n_tokens"),
-    ]
-    wrong = [(case, g) for case, g in zip(cases, got) if g != right(*case)]
-    if not wrong:
-        return passed("2 x layers x kv_heads x head_dim x tokens x batch x bytes; Llama-2-7B at 4,096 tokens = "
-                      f"{right(*cases[0]) / 2**30:.0f} GiB")
-    (L, h, d, t, b, n), value = wrong[0]
-    where = (f"for layers={L}, kv_heads={h}, head_dim={d}, tokens={t}, batch={b}, bytes={n}: expected "
-             f"{right(L, h, d, t, b, n):,}, got {value:,.0f}")
-    for formula, hint in mistakes:
-        if all(g == formula(*case) for case, g in zip(cases, got)):
-            raise ExerciseError(f"wrong {where}. {hint}")
-    raise ExerciseError(f"wrong {where}; the formula is 2 x layers x kv_heads x head_dim x tokens x batch x bytes")
 
-
-def _attend(q, k, v, scale=True, dim=-1):
+def _attend(q, k, v, scale=True, dim=-1, mask=None):
     scores = q @ k.transpose(-2, -1)
     if scale:
         scores = scores / math.sqrt(q.shape[-1])
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
     return torch.softmax(scores, dim=dim) @ v
 
 
-def check_cached_attention(fn) -> None:
-    """``fn(q, k_new, v_new, k_cache, v_cache)`` must return (output, k_all, v_all) for one decoding step.
+def _causal(m, s, bottom_right):
+    """(m, s) boolean, True = may attend; bottom-right: query i sees keys 0 .. s - m + i."""
+    offset = s - m if bottom_right else 0
+    return torch.arange(s)[None, :] <= torch.arange(m)[:, None] + offset
 
-    q, k_new, v_new: (B, h, 1, dk) of the newest token; k_cache, v_cache: (B, h, t, dk) of
-    the t earlier tokens. k_all, v_all: (B, h, t + 1, dk), oldest first; output (B, h, 1, dk):
-    the new token's attention over all t + 1 keys.
+
+def check_cached_attention(fn) -> None:
+    """``fn(q, k_new, v_new, k_cache, v_cache)`` must return (output, k_all, v_all) for m new tokens.
+
+    q, k_new, v_new: (B, h, m, dk) of the m newest tokens (at positions t .. t + m - 1); k_cache,
+    v_cache: (B, h, t, dk) of the t earlier tokens. k_all, v_all: (B, h, t + m, dk), oldest first;
+    output (B, h, m, dk): new token i attends to keys 0 .. t + i (the causal mask aligned bottom-right).
+    Tried with m = 3 new tokens after t = 5, then with one new token (a decode step).
     """
     gen = torch.Generator().manual_seed(6)
     B, h, t, dk = 2, 3, 5, 8
-    q, k_new, v_new = (torch.randn(B, h, 1, dk, generator=gen) for _ in range(3))
-    k_cache, v_cache = (torch.randn(B, h, t, dk, generator=gen) for _ in range(2))
-    k_all = torch.cat([k_cache, k_new], dim=-2)
-    v_all = torch.cat([v_cache, v_new], dim=-2)
-    try:
-        result = attempt(fn, q, k_new, v_new, k_cache.clone(), v_cache.clone())
-    except NotAttempted:
-        return not_attempted("cached_attention")
-    if not isinstance(result, tuple) or len(result) != 3:
-        raise ExerciseError("return a triple (output, k_all, v_all)")
-    out, k_got, v_got = result
-    require_tensor("output", out)
-    require_tensor("k_all", k_got)
-    require_tensor("v_all", v_got)
-    if k_got.shape != k_all.shape:
-        raise ExerciseError(f"k_all should have shape {tuple(k_all.shape)} = (B, h, t + 1, dk), got "
-                            f"{tuple(k_got.shape)}: append the new key to the cached ones along the sequence dim, "
-                            "torch.cat([k_cache, k_new], dim=-2)")
-    if close(k_got, torch.cat([k_new, k_cache], dim=-2)):
-        raise ExerciseError("k_all has the new key first: append it at the end, so position i stays at index i")
-    if not close(k_got, k_all) or not close(v_got, v_all):
-        raise ExerciseError("k_all / v_all are not the cached keys / values followed by the new ones")
-    require_tensor("output", out, (B, h, 1, dk))
-    if close(out, _attend(q, k_cache, v_cache)):
-        raise ExerciseError("the output attends to the cached keys only: the new token must see itself too "
-                            "(attend over k_all, v_all)")
-    if close(out, _attend(q, k_all, v_all, scale=False)):
-        raise ExerciseError("the scores are not scaled: divide q . k by sqrt(dk)")
-    if not close(out, _attend(q, k_all, v_all)):
-        raise ExerciseError("the output differs from softmax(q k_all^T / sqrt(dk)) v_all; no mask is needed: "
-                            "the newest token may see every cached one")
-    return passed("one decode step: append k, v to the cache, attend once over everything stored")
+    for m in (3, 1):
+        q, k_new, v_new = (torch.randn(B, h, m, dk, generator=gen) for _ in range(3))
+        k_cache, v_cache = (torch.randn(B, h, t, dk, generator=gen) for _ in range(2))
+        k_all = torch.cat([k_cache, k_new], dim=-2)
+        v_all = torch.cat([v_cache, v_new], dim=-2)
+        try:
+            result = attempt(fn, q, k_new, v_new, k_cache.clone(), v_cache.clone())
+        except NotAttempted:
+            return not_attempted("cached_attention")
+        if not isinstance(result, tuple) or len(result) != 3:
+            raise ExerciseError("return a triple (output, k_all, v_all)")
+        out, k_got, v_got = result
+        require_tensor("output", out)
+        require_tensor("k_all", k_got)
+        require_tensor("v_all", v_got)
+        where = f"with {m} new token{'s' if m > 1 else ''} after {t} cached ones"
+        if k_got.shape != k_all.shape:
+            raise ExerciseError(f"{where}, k_all should have shape {tuple(k_all.shape)} = (B, h, t + m, dk), got "
+                                f"{tuple(k_got.shape)}: append the new keys to the cached ones along the sequence "
+                                "dim, torch.cat([k_cache, k_new], dim=-2)")
+        if close(k_got, torch.cat([k_new, k_cache], dim=-2)):
+            raise ExerciseError("k_all has the new keys first: append them at the end, so position i stays at "
+                                "index i")
+        if not close(k_got, k_all) or not close(v_got, v_all):
+            raise ExerciseError("k_all / v_all are not the cached keys / values followed by the new ones")
+        require_tensor("output", out, (B, h, m, dk))
+        right = _attend(q, k_all, v_all, mask=_causal(m, t + m, bottom_right=True))
+        if close(out, right):
+            continue
+        if close(out, _attend(q, k_cache, v_cache)):
+            raise ExerciseError("the output attends to the cached keys only: each new token must see itself too "
+                                "(attend over k_all, v_all)")
+        if close(out, _attend(q, k_all, v_all, scale=False, mask=_causal(m, t + m, bottom_right=True))):
+            raise ExerciseError("the scores are not scaled: divide q . k by sqrt(dk)")
+        if m > 1 and close(out, _attend(q, k_all, v_all)):
+            raise ExerciseError(f"{where}, new token 0 sees the new tokens after it: mask the scores, new token i "
+                                f"at position t + i may see keys 0 .. t + i only")
+        if m > 1 and close(out, _attend(q, k_all, v_all, mask=_causal(m, t + m, bottom_right=False))):
+            raise ExerciseError(f"{where}, the causal mask is aligned top-left (what is_causal=True does): new "
+                                "token i sits at position t + i, so it may see keys 0 .. t + i; align the mask "
+                                "bottom-right, key j visible when j <= t + i")
+        raise ExerciseError(f"{where}, the output differs from softmax(q k_all^T / sqrt(dk) + M) v_all, M the "
+                            "causal mask aligned bottom-right")
+    return passed("new tokens after a cache: append k, v, attend over everything stored with the causal mask "
+                  "aligned bottom-right (one new token needs no mask)")
 
 
 def check_generate(fn, model) -> None:
     """``fn(model, ids, n)`` must greedily append n tokens to ids (1, T) using one KVCache per layer.
 
-    Compared with ``model.generate(ids, n)``; the tokens the model is run on are counted:
-    a cached loop runs T (prefill) + n - 1 (one per step) of them.
+    Compared with ``model.generate(ids, n)``, which ``fn`` may not call; the tokens the model is run on are
+    counted: a cached loop runs T (prefill) + n - 1 of them (the n-th token needs no forward pass), and
+    T + n when it also runs the last token.
     """
     ids = torch.tensor([[int(i) for i in torch.randint(0, model.config.vocab_size, (12,),
                                                          generator=torch.Generator().manual_seed(3))]])
     n = 10
     expected = model.generate(ids, n)
-    seen = []
+    seen, delegated = [], []
+
     def count(module, args, kwargs):
         tokens = args[0] if args else kwargs.get("ids")
         seen.append(torch.as_tensor(tokens).shape[-1])
 
+    def no_generate(*args, **kwargs):
+        delegated.append(True)
+        raise ExerciseError("you called model.generate: write the loop yourself, a prefill "
+                            "model(ids, caches=caches) and then one model(next_id, caches=caches) per token")
+
     hook = model.register_forward_pre_hook(count, with_kwargs=True)
+    model.generate = no_generate                        # an instance attribute shadows the method
     try:
         try:
             got = attempt(fn, model, ids, n)
@@ -139,6 +175,9 @@ def check_generate(fn, model) -> None:
             raise
     finally:
         hook.remove()
+        del model.generate
+    if delegated:                                       # the learner caught the error and carried on
+        raise ExerciseError("you called model.generate: write the loop yourself")
     require_tensor("the result", got)
     got = got.reshape(1, -1) if got.dim() == 1 else got
     if got.shape != expected.shape:
@@ -150,10 +189,12 @@ def check_generate(fn, model) -> None:
         raise ExerciseError(f"token {first} differs from model.generate: take argmax of the LAST position's logits "
                             "each step, and feed that token (not the whole sequence) to the next step")
     processed = sum(seen)
-    needed = ids.shape[1] + n - 1
-    if processed > needed:
+    T = ids.shape[1]
+    if processed > T + n:
         raise ExerciseError(f"right tokens, but the model ran on {processed} tokens; with a cache it needs "
-                            f"{needed} (the prompt once, then one token per step). Pass caches= and feed only "
-                            "the newest token")
-    return passed(f"the same tokens as model.generate, running the model on {processed} tokens instead of "
-                  f"{sum(range(ids.shape[1], ids.shape[1] + n))} without a cache")
+                            f"{T + n - 1} (the prompt once, then each new token once; the last one needs no "
+                            "forward pass): you re-ran earlier tokens. Pass caches= and, after the prefill, feed "
+                            "only the newest token")
+    note = "" if processed == T + n - 1 else " (the last call is not needed: its logits are never used)"
+    return passed(f"the same tokens as model.generate, running the model on {processed} tokens{note} instead of "
+                  f"{sum(range(T, T + n))} without a cache")

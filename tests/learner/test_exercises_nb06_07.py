@@ -18,49 +18,82 @@ def stub(*args):
 RIGHT = {}          # test id -> (checker, a right answer); each exercise below adds its own
 
 
-# ---------------------------------------------------------------- nb06: cache size
-def good_bytes(layers, heads, dim, tokens, batch, nbytes):
-    return 2 * layers * heads * dim * tokens * batch * nbytes
+# ---------------------------------------------------------------- nb06: int8 quantisation
+def good_quantize(x):
+    scale = x.abs().amax(dim=-1, keepdim=True) / 127
+    return torch.round(x / scale).to(torch.int8), scale
 
 
-RIGHT["kv_cache_bytes"] = nb06.check_kv_cache_bytes, good_bytes
+def good_quantize_multiplied(x):                         # x * (127 / absmax): the same up to rounding ties
+    inv = 127 / x.abs().amax(dim=-1, keepdim=True)
+    return torch.round(x * inv).clamp(-127, 127).to(torch.int8), 1 / inv
+
+
+RIGHT["quantize_int8"] = nb06.check_quantize_int8, good_quantize
+RIGHT["quantize_int8 (multiplied)"] = nb06.check_quantize_int8, good_quantize_multiplied
+
+
+def _quantize_with(scale_of, to_int=lambda y: torch.round(y).to(torch.int8)):
+    def fn(x):
+        scale = scale_of(x)
+        return to_int(x / scale), scale
+    return fn
 
 
 @pytest.mark.parametrize("wrong, match", [
-    (lambda L, h, d, t, b, n: L * h * d * t * b * n, "keys AND values"),
-    (lambda L, h, d, t, b, n: 16 * L * h * d * t * b * n, "bits"),
-    (lambda L, h, d, t, b, n: 2 * h * d * t * b * n, "n_layers"),
-    (lambda L, h, d, t, b, n: 2 * L * h * d * t * n, "batch"),
-    (lambda L, h, d, t, b, n: 2 * L * h * d * t * b, "bytes_per_value"),
-    (lambda L, h, d, t, b, n: 2 * L * h * d * b * n, "n_tokens"),
-    (lambda L, h, d, t, b, n: 2 * L * h * h * t * b * n, "the formula is"),
-    (lambda L, h, d, t, b, n: "lots", "return a number"),
+    (_quantize_with(lambda x: x.amax(-1, keepdim=True) / 127), r"max of x, not of \|x\|"),
+    (_quantize_with(lambda x: x.abs().amax(-1, keepdim=True) / 255), "unsigned range"),
+    (_quantize_with(lambda x: x.abs().amax(-1, keepdim=True) / 128), "one past int8's"),
+    (_quantize_with(lambda x: x.abs().amax(-1, keepdim=True)), "only -1, 0 or 1"),
+    (_quantize_with(lambda x: x.abs().max() / 127), "one scale for the whole tensor"),
+    (_quantize_with(lambda x: x.abs().amax(-1, keepdim=True) / 127,
+                    to_int=lambda y: y.to(torch.int8)), "truncates toward zero"),
+    (lambda x: (torch.round(x / (x.abs().amax(-1, keepdim=True) / 127)), x.abs().amax(-1, keepdim=True) / 127),
+     "store it as int8"),
+    (lambda x: (torch.round(x / (x.abs().amax(-1, keepdim=True) / 127)).to(torch.int8), x.abs().amax(-1) / 127),
+     "keep the last dim"),
+    (lambda x: good_quantize(x)[0], "pair"),
 ])
-def test_kv_bytes_checker_diagnoses(wrong, match):
+def test_quantize_int8_checker_diagnoses(wrong, match):
     with pytest.raises(ExerciseError, match=match):
-        nb06.check_kv_cache_bytes(wrong)
+        nb06.check_quantize_int8(wrong)
 
 
-# ---------------------------------------------------------------- nb06: one cached step
-def _attend(q, k, v, scale=True):
+# ---------------------------------------------------------------- nb06: new tokens after a cache
+def _bottom_right(m, s):
+    return torch.arange(s)[None, :] <= torch.arange(m)[:, None] + (s - m)
+
+
+def _attend(q, k, v, scale=True, mask=None):
     s = q @ k.transpose(-2, -1)
     if scale:
         s = s / math.sqrt(q.shape[-1])
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf"))
     return torch.softmax(s, -1) @ v
 
 
 def good_step(q, k_new, v_new, k_cache, v_cache):
     k_all, v_all = torch.cat([k_cache, k_new], -2), torch.cat([v_cache, v_new], -2)
-    return _attend(q, k_all, v_all), k_all, v_all
+    return _attend(q, k_all, v_all, mask=_bottom_right(q.shape[-2], k_all.shape[-2])), k_all, v_all
+
+
+def good_step_torch(q, k_new, v_new, k_cache, v_cache):     # torch's own lower-right bias
+    from torch.nn.attention.bias import causal_lower_right
+    k_all, v_all = torch.cat([k_cache, k_new], -2), torch.cat([v_cache, v_new], -2)
+    bias = causal_lower_right(q.shape[-2], k_all.shape[-2])
+    return torch.nn.functional.scaled_dot_product_attention(q, k_all, v_all, attn_mask=bias), k_all, v_all
+
+
+def _with_mask(mask_of, scale=True):
+    def fn(q, kn, vn, kc, vc):
+        k, v = torch.cat([kc, kn], -2), torch.cat([vc, vn], -2)
+        return _attend(q, k, v, scale=scale, mask=mask_of(q.shape[-2], k.shape[-2])), k, v
+    return fn
 
 
 def _past_only(q, kn, vn, kc, vc):
     return _attend(q, kc, vc), torch.cat([kc, kn], -2), torch.cat([vc, vn], -2)
-
-
-def _unscaled(q, kn, vn, kc, vc):
-    k, v = torch.cat([kc, kn], -2), torch.cat([vc, vn], -2)
-    return _attend(q, k, v, scale=False), k, v
 
 
 def _prepended(q, kn, vn, kc, vc):
@@ -83,14 +116,17 @@ def _softmax_wrong_dim(q, kn, vn, kc, vc):
 
 
 RIGHT["cached_attention"] = nb06.check_cached_attention, good_step
+RIGHT["cached_attention (torch causal_lower_right)"] = nb06.check_cached_attention, good_step_torch
 
 
 @pytest.mark.parametrize("wrong, match", [
+    (_with_mask(lambda m, s: torch.ones(m, s, dtype=torch.bool)), "sees the new tokens after it"),
+    (_with_mask(lambda m, s: torch.ones(m, s, dtype=torch.bool).tril()), "aligned top-left"),
+    (_with_mask(_bottom_right, scale=False), "sqrt"),
     (_past_only, "cached keys only"),
-    (_unscaled, "sqrt"),
-    (_prepended, "new key first"),
-    (_new_only, r"got \(2, 3, 1, 8\): append the new key"),
-    (_not_appended, r"got \(2, 3, 5, 8\): append the new key"),
+    (_prepended, "new keys first"),
+    (_new_only, r"got \(2, 3, 3, 8\): append the new keys"),
+    (_not_appended, r"got \(2, 3, 5, 8\): append the new keys"),
     (_softmax_wrong_dim, "differs from softmax"),
     (lambda *a: a[0], "triple"),
 ])
@@ -145,14 +181,41 @@ def first_position(model, ids, n):
     return ids
 
 
+@torch.no_grad()
+def natural_generate(model, ids, n):                      # also runs the last token: T + n, accepted
+    caches = model.new_caches(1, ids.shape[1] + n)
+    logits = model(ids, caches=caches)
+    for _ in range(n):
+        next_id = logits[:, -1].argmax(-1, keepdim=True)
+        ids = torch.cat([ids, next_id], 1)
+        logits = model(next_id, caches=caches)
+    return ids
+
+
+def delegate(model, ids, n):
+    return model.generate(ids, n)
+
+
+def delegate_quietly(model, ids, n):
+    try:
+        return model.generate(ids, n)
+    except Exception:
+        return type(model).generate(model, ids, n)
+
+
 def test_generate_checker_accepts_and_skips(capsys, model):
     expect_correct(nb06.check_generate, good_generate, capsys, model)
+    expect_correct(nb06.check_generate, natural_generate, capsys, model)
     expect_not_attempted(nb06.check_generate, stub, capsys, model)
     assert not model._forward_pre_hooks  # the counting hook is removed
+    assert "generate" not in vars(model) and torch.equal(model.generate(torch.tensor([[1, 2]]), 2)[:, :2],
+                                                         torch.tensor([[1, 2]]))   # the method is back
 
 
 @pytest.mark.parametrize("wrong, match", [
-    (uncached_generate, r"ran on \d+ tokens; with a cache it needs 21"),
+    (uncached_generate, r"ran on \d+ tokens; with a cache it needs 21 .*re-ran earlier tokens"),
+    (delegate, "you called model.generate"),
+    (delegate_quietly, "you called model.generate"),
     (whole_sequence_into_cache, "cache overflowed"),
     (first_position, "LAST position"),
     (lambda m, ids, n: ids, r"expected shape \(1, 22\)"),
@@ -160,7 +223,7 @@ def test_generate_checker_accepts_and_skips(capsys, model):
 def test_generate_checker_diagnoses(wrong, match, model):
     with pytest.raises(ExerciseError, match=match):
         nb06.check_generate(wrong, model)
-    assert not model._forward_pre_hooks
+    assert not model._forward_pre_hooks and "generate" not in vars(model)
 
 
 # ---------------------------------------------------------------- nb07

@@ -338,3 +338,15 @@ def test_decode_benchmark_command_line_runs(capsys):
     assert (result["prompt"], result["new"]) == (8, 4) and result["seconds"] > 0
     out = capsys.readouterr().out
     assert out.count("prompt 8 + 4 generated") == 2 and "best of 2" in out
+
+
+def test_decode_targets_measure_both_ways_the_same():
+    from selfattn_lite.course import bench_decode
+
+    model = load_tiny_decoder()
+    speed = bench_decode.cache_speedup(model, prompt_len=8, new_tokens=4, repeat=2)
+    assert speed["cached_s"] > 0 and speed["uncached_s"] > 0
+    assert speed["speedup"] == speed["uncached_s"] / speed["cached_s"]
+    growth = bench_decode.step_growth(model, contexts=(4, 16), budget_s=0.02)
+    assert growth["contexts"] == [4, 16] and len(growth["cache_ms"]) == len(growth["no_cache_ms"]) == 2
+    assert growth["growth"]["cache"] == growth["cache_ms"][1] / growth["cache_ms"][0]
