@@ -56,7 +56,7 @@ PLANTED = {
         ("answer_2", '"bhln,hnc->bhlc"', '"bhln,hnc->blc"', "a matrix is contracted over the wrong axis"),
     ],
     "14_attention_across_devices": [
-        ("answer_2", "% world_size > rank]", "% world_size >= rank]", "skipped the diagonal step"),
+        ("answer_2", "src = (r - s) % W", "src = (r + s) % W", "the schedule runs backwards"),
     ],
 }
 STUDENTS = ("solutions", "blank", "planted")

@@ -1,5 +1,6 @@
-"""Checkers for notebook 13: the MLA cache size, the absorbed MLA decode step, the slot of a ring buffer
-with sinks, per-document positions of a packed sequence, and a FlexAttention mask_mod and score_mod."""
+"""Checkers for notebook 13: the batch from which an MLA decode step reads more cache than weights, the
+absorbed MLA decode step, the slot of a ring buffer with sinks, per-document positions of a packed sequence,
+and a FlexAttention mask_mod and score_mod."""
 
 from __future__ import annotations
 
@@ -8,37 +9,117 @@ import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 from .. import flex
-from ..mla import MultiHeadLatentAttention, mla_decode_flops
+from ..mla import MultiHeadLatentAttention, mla_decode_flops, mla_weight_values
 from . import ExerciseError, NotAttempted, attempt, close, not_attempted, passed, require_tensor
 
-__all__ = ["check_mla_bytes", "check_absorbed_decode", "check_sink_slot", "check_document_positions",
+__all__ = ["check_crossover_batch", "check_absorbed_decode", "check_sink_slot", "check_document_positions",
            "check_prefix_lm_mask_mod", "check_softcap_score_mod"]
 
 
-def check_mla_bytes(fn) -> None:
-    """``fn(n_layers, kv_lora_rank, qk_rope_head_dim, n_tokens, bytes_per_value) -> int``: MLA cache bytes."""
+# layers whose widths all differ, and a cache length for each: the second is an exact tie (14 sequences'
+# cache holds as many values as the weights), the third reads more cache than weights at batch 1, the last
+# is DeepSeek-V2's attention layer
+_CROSSOVER_CASES = (
+    (dict(d_model=40, n_heads=5, kv_lora_rank=12, qk_nope_head_dim=4, qk_rope_head_dim=2, v_head_dim=7,
+          q_lora_rank=9), 9),
+    (dict(d_model=24, n_heads=3, kv_lora_rank=10, qk_nope_head_dim=6, qk_rope_head_dim=4, v_head_dim=7), 10),
+    (dict(d_model=30, n_heads=2, kv_lora_rank=14, qk_nope_head_dim=3, qk_rope_head_dim=6, v_head_dim=11,
+          q_lora_rank=5), 100),
+    (dict(d_model=5120, n_heads=128, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
+          q_lora_rank=1536), 2048),
+)
+
+
+def _crossover_layer(shape: dict) -> MultiHeadLatentAttention:
+    """The layer of one case; DeepSeek-V2's on the meta device (shapes, no memory)."""
+    if shape["d_model"] > 1000:
+        with torch.device("meta"):
+            return MultiHeadLatentAttention(**shape)
+    torch.manual_seed(0)
+    return MultiHeadLatentAttention(**shape)
+
+
+def _crossover_variants(layer, n_tokens: int) -> dict:
+    """The right batch and the batch each classic mistake gives, for one layer and cache length."""
+    weights = sum(p.numel() for p in layer.parameters())
+    per_token = layer.kv_lora_rank + layer.qk_rope_head_dim
+    cache = n_tokens * per_token
+    differing = sum(mla_weight_values(d_model=layer.d_model, n_heads=layer.n_heads, kv_lora_rank=layer.kv_lora_rank,
+                                      qk_nope_head_dim=layer.qk_nope_head_dim, v_head_dim=layer.v_head_dim).values())
+    expanded = n_tokens * layer.n_heads * (layer.qk_nope_head_dim + layer.qk_rope_head_dim + layer.v_head_dim)
+    itemsize = 4                                         # the small layers are float32 (meta: float32 too)
+    return {
+        "right": weights // cache + 1,
+        "tie": -(-weights // cache),                     # ceil: B * cache >= weights
+        "short": weights // cache,                       # the last batch at which the weights still dominate
+        "no_rope": weights // (n_tokens * layer.kv_lora_rank) + 1,
+        "twice": weights // (2 * cache) + 1,
+        "differing": differing // cache + 1,
+        "expanded": weights // expanded + 1,
+        "bytes_weights": weights * itemsize // cache + 1,
+        "bytes_cache": weights // (cache * itemsize) + 1,
+    }
+
+
+_CROSSOVER_MESSAGES = {
+    "tie": "{tie} sequences' cache holds exactly as many values as the weights: equal is not more; the smallest B "
+           "with B x cache > weights is one larger",
+    "short": "at a batch of {short} the weights still weigh at least as much as the cache; the answer is the first "
+             "batch at which the cache weighs more: one larger",
+    "no_rope": "the decoupled RoPE key is cached too: a token costs kv_lora_rank + qk_rope_head_dim values",
+    "twice": "there is no separate K and V to count twice: the latent c_KV is cached once, and keys and values "
+             "are both computed from it",
+    "differing": "only W^UK, W^UV and W^O counted (the weights the forms differ in, the table's column); a step "
+                 "reads every weight of the layer, the query and latent projections too: sum over "
+                 "layer.parameters()",
+    "expanded": "that counts the naive form's expanded keys and values per token; the cache holds the latent and "
+                "the RoPE key, kv_lora_rank + qk_rope_head_dim values",
+    "bytes_weights": "the weights are counted in bytes and the cache in values (or the other way round): compare "
+                     "like with like; with one dtype the bytes per value cancel",
+    "bytes_cache": "the cache is counted in bytes and the weights in values: compare like with like; with one "
+                   "dtype the bytes per value cancel",
+}
+
+
+def check_crossover_batch(fn) -> None:
+    """``fn(layer, n_tokens) -> int``: the smallest batch B at which one absorbed decode step of ``layer`` (a
+    ``MultiHeadLatentAttention``) reads more cache than weights, B sequences of ``n_tokens`` cached tokens each.
+
+    One step reads every weight once (sum of ``layer.parameters()``), and each sequence's cache once,
+    n_tokens x (kv_lora_rank + qk_rope_head_dim) values: B = weights // cache + 1.
+    Checked on layers with and without a query latent, an exact tie, a batch of 1, and DeepSeek-V2's shapes.
+    """
     try:
-        got = attempt(fn, 60, 512, 64, 1, 2)
+        attempt(fn, _crossover_layer(_CROSSOVER_CASES[0][0]), _CROSSOVER_CASES[0][1])
     except NotAttempted:
-        return not_attempted("mla_bytes")
-    cases = [(60, 512, 64, 1, 2), (61, 512, 64, 4096, 2), (3, 16, 4, 10, 4), (2, 8, 2, 5, 1)]
-    for n_layers, rank, rope, tokens, nbytes in cases:
-        got = attempt(fn, n_layers, rank, rope, tokens, nbytes)
-        if isinstance(got, torch.Tensor):
+        return not_attempted("crossover_batch")
+    for shape, n_tokens in _CROSSOVER_CASES:
+        layer = _crossover_layer(shape)
+        got = attempt(fn, layer, n_tokens)
+        if isinstance(got, torch.Tensor) and got.numel() == 1:
             got = got.item()
-        want = (rank + rope) * n_layers * tokens * nbytes
-        if got == want:
+        if isinstance(got, float) and not got.is_integer():
+            raise ExerciseError(f"crossover_batch returned {got}: a batch is a whole number of sequences, the "
+                                "smallest B with B x cache > weights")
+        if not isinstance(got, int | float):
+            raise ExerciseError(f"crossover_batch should return an int, got {type(got).__name__}")
+        options = _crossover_variants(layer, n_tokens)
+        if got == options["right"]:
             continue
-        if got == 2 * want or got == 2 * rank * n_layers * tokens * nbytes + rope * n_layers * tokens * nbytes:
-            raise ExerciseError("there is no separate K and V to count twice: the latent c_KV is cached once and "
-                                "both keys and values are computed from it")
-        if got == rank * n_layers * tokens * nbytes:
-            raise ExerciseError("the decoupled RoPE key is missing: it is cached too, qk_rope_head_dim values "
-                                "per token and layer")
-        if got == (rank + rope) * tokens * nbytes:
-            raise ExerciseError("every layer has its own latent: multiply by n_layers")
-        raise ExerciseError(f"mla_bytes{(n_layers, rank, rope, tokens, nbytes)} should be {want}, got {got}")
-    return passed("(kv_lora_rank + qk_rope_head_dim) x layers x tokens x bytes: 67.5 KiB per token for DeepSeek-V2")
+        where = (f"d_model={shape['d_model']}, n_heads={shape['n_heads']}, kv_lora_rank={shape['kv_lora_rank']}, "
+                 f"n_tokens={n_tokens}")
+        for name, message in _CROSSOVER_MESSAGES.items():
+            if got == options[name]:
+                raise ExerciseError(f"{where}: {message.format(**options)}")
+        raise ExerciseError(f"{where}: the smallest batch is {options['right']}, got {got}")
+    shape, n_tokens = _CROSSOVER_CASES[-1]
+    layer = _crossover_layer(shape)
+    weights = sum(p.numel() for p in layer.parameters())
+    cache = n_tokens * (layer.kv_lora_rank + layer.qk_rope_head_dim)
+    return passed(f"weights are read once per step, the cache once per sequence: DeepSeek-V2's attention layer "
+                  f"({weights / 1e6:.1f}M weights) at {n_tokens:,} cached tokens ({cache / 1e6:.2f}M values per "
+                  f"sequence) reads more cache than weights from batch {weights // cache + 1} on; at batch 1 the "
+                  f"weights are {weights / (weights + cache):.0%} of what it reads")
 
 
 _DECODE_SHAPES = dict(d_model=24, n_heads=3, kv_lora_rank=16, qk_nope_head_dim=4, qk_rope_head_dim=2, v_head_dim=5)

@@ -1,6 +1,6 @@
-"""Checkers for notebook 14: merging two partial attention results with their log-sum-exps, the causal
-skip rule of the ring, the zig-zag shard of a rank, and Ulysses and the ring's backward played in one
-process, checked against the multi-process run."""
+"""Checkers for notebook 14: a learned sink merged through the log-sum-exp, the work of every step of a causal
+ring, where a zig-zag rank holds a position, and Ulysses and the ring's backward played in one process,
+checked against the multi-process run."""
 
 from __future__ import annotations
 
@@ -11,8 +11,6 @@ from ..distributed import (
     block_attention,
     block_attention_backward,
     causal_work,
-    merge_partials,
-    ring_schedule,
     ring_tiles,
     shard,
     shard_indices,
@@ -21,202 +19,274 @@ from ..distributed import (
 )
 from . import ExerciseError, NotAttempted, attempt, close, not_attempted, passed, require_tensor
 
-__all__ = ["check_merge_partials", "check_ring_skips", "check_zigzag_indices", "check_simulated_ulysses",
+__all__ = ["check_add_sink", "check_step_work", "check_zigzag_owner", "check_simulated_ulysses",
            "check_ring_backward"]
 
 
-def _two_blocks():
-    """q against keys 0-3 (block 1) and 4-8 (block 2), causal, so that query row 0 sees nothing of block 2."""
-    gen = torch.Generator().manual_seed(14)
-    q, k, v = torch.randn(2, 6, 4, generator=gen), torch.randn(2, 9, 4, generator=gen), torch.randn(2, 9, 3,
-                                                                                                      generator=gen)
-    q[:, 4:] *= 4.0                                      # some rows with peaked weights
-    i, j = torch.arange(6)[:, None] + 3, torch.arange(9)[None, :]
-    mask = j <= i                                        # queries at positions 3..8: rows 0 sees keys 0..3 only
-    scale = 0.5
-    o1, l1 = block_attention(q, k[:, :4], v[:, :4], scale=scale, mask=mask[:, :4])
-    o2, l2 = block_attention(q, k[:, 4:], v[:, 4:], scale=scale, mask=mask[:, 4:])
-    want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
-    want_lse = torch.logsumexp((q @ k.transpose(-2, -1) * scale).masked_fill(~mask, float("-inf")), dim=-1)
-    return (o1, l1, o2, l2), (want, want_lse)
+# ---------------------------------------------------------------------------------------------
+# A learned sink merged through the log-sum-exp (gpt-oss)
+# ---------------------------------------------------------------------------------------------
+
+def _sink_case(h: int, L: int, seed: int):
+    """Attention over all keys (out, lse) of float32 rows, some with scores past exp's float32 range, row 0
+    seeing no key; the heads' sink logits; and gpt-oss's attention with those sinks (out, lse)."""
+    gen = torch.Generator().manual_seed(seed)
+    B, S, E, Ev = 2, 7, 4, 3
+    q, k, v = (torch.randn(B, h, n, e, generator=gen) for n, e in ((L, E), (S, E), (S, Ev)))
+    q[:, :, -1] *= 60.0                                  # the last row's lse passes 88.7: exp(lse) overflows float32
+    mask = torch.arange(S)[None, :] <= torch.arange(L)[:, None] + 1
+    mask[0] = False                                      # row 0 sees no key: lse = -inf, out = 0
+    scale = E ** -0.5
+    sink = torch.linspace(-1.0, 2.5, h)                  # one logit per head, each different
+    out, lse = block_attention(q, k, v, scale=scale, mask=mask)
+    # gpt-oss's sdpa: the sink as one more column of the scaled scores, softmax, the column dropped
+    scores = (q @ k.transpose(-2, -1) * scale).masked_fill(~mask, float("-inf"))
+    scores = torch.cat([scores, sink.view(1, h, 1, 1).expand(B, h, L, 1)], dim=-1)
+    want = torch.softmax(scores, dim=-1)[..., :-1] @ v
+    return (out, lse, sink), (want, torch.logsumexp(scores, dim=-1))
 
 
-def check_merge_partials(fn) -> None:
-    """``fn(out1, lse1, out2, lse2) -> (out, lse)``: the attention of the same queries to two blocks of keys,
-    merged. out_c (B, L, Ev) is softmax attention to block c alone, lse_c (B, L) the log-sum-exp of those
-    scores (-inf for a query that sees no key of block c)."""
-    (o1, l1, o2, l2), (want, want_lse) = _two_blocks()
-    try:
-        result = attempt(fn, o1.clone(), l1.clone(), o2.clone(), l2.clone())
-    except NotAttempted:
-        return not_attempted("merge_partials")
-    if not isinstance(result, tuple) or len(result) != 2:
-        raise ExerciseError("return a pair (out, lse)")
-    out, lse = result
-    lse = require_tensor("lse", lse, tuple(want_lse.shape))
-    out = require_tensor("out", out, tuple(want.shape))
-    if not torch.isfinite(out).all() or not torch.isfinite(lse).all():
-        raise ExerciseError("NaN or inf in the result: query row 0 sees no key of block 2 (lse2 = -inf, out2 = 0); "
-                            "its share exp(lse2 - lse) must come out 0, not NaN (use lse = logaddexp(lse1, lse2))")
-    if close(lse, torch.logaddexp2(l1, l2), atol=1e-5):
-        raise ExerciseError("merged in base 2: lse_c is a natural log (torch.logsumexp), so lse = "
-                            "log(e^lse1 + e^lse2) = torch.logaddexp, not logaddexp2")
-    if close(out, o1 + o2, atol=1e-5):
-        raise ExerciseError("forgot to rescale: out1 + out2 counts each block as if it held all the softmax mass; "
-                            "weigh out_c by its share exp(lse_c - lse)")
-    if close(out, (o1 + o2) / 2, atol=1e-5):
-        raise ExerciseError("averaging the two outputs weighs both blocks equally; weigh each by its share of "
-                            "the softmax mass, exp(lse_c - lse)")
-    if close(lse, torch.maximum(l1, l2), atol=1e-5):
-        raise ExerciseError("lse is not the larger of the two: it is log(exp(lse1) + exp(lse2)) (torch.logaddexp)")
-    if close(lse, l1 + l2, atol=1e-5):
-        raise ExerciseError("lse1 + lse2 multiplies the sums; add them instead: lse = log(exp(lse1) + exp(lse2))")
-    if not close(lse, want_lse, atol=1e-5):
-        raise ExerciseError("lse should be the log-sum-exp of all the scores: logaddexp(lse1, lse2)")
-    w1, w2 = torch.exp(l1 - want_lse).unsqueeze(-1), torch.exp(l2 - want_lse).unsqueeze(-1)
-    if close(out, o1 * torch.exp(l1).unsqueeze(-1) + o2 * torch.exp(l2).unsqueeze(-1), atol=1e-5):
-        raise ExerciseError("weights exp(lse_c) are not normalised: divide by exp(lse), i.e. use exp(lse_c - lse)")
-    if close(out, o1 * torch.exp2(l1 - want_lse).unsqueeze(-1) + o2 * torch.exp2(l2 - want_lse).unsqueeze(-1),
-             atol=1e-5):
-        raise ExerciseError("merged in base 2: the shares are exp(lse_c - lse) with a natural-log lse, not "
-                            "2 ** (lse_c - lse)")
-    if close(out, o1 * w2 + o2 * w1, atol=1e-5):
-        raise ExerciseError("the weights are swapped: out1 gets exp(lse1 - lse), out2 gets exp(lse2 - lse)")
-    if close(out, o1 * (1 / w1.clamp_min(1e-30)).clamp_max(1e30) + o2 * (1 / w2.clamp_min(1e-30)).clamp_max(1e30),
-             atol=1e-5):
-        raise ExerciseError("the share is upside down: exp(lse_c - lse) (at most 1), not exp(lse - lse_c)")
-    if not close(out, want, atol=1e-5):
-        raise ExerciseError("out should equal attention to all keys: out1 * exp(lse1 - lse) + out2 * exp(lse2 - lse)")
-    return passed("out = out1·exp(lse1 − lse) + out2·exp(lse2 − lse) with lse = logaddexp(lse1, lse2): "
-                  "exactly attention to both blocks")
+def check_add_sink(fn) -> None:
+    """``fn(out, lse, sink) -> (out, lse)``: attention over all keys, with one learned sink logit per head
+    added to the softmax (gpt-oss), from attention without it.
 
-
-def _needed_steps(rank: int, world: int, layout: str, L: int) -> list[int]:
-    """Steps at which rank computes at least one tile of the block it holds (the package's tiles)."""
-    segs = [shard_segments(L, r, world, layout=layout) for r in range(world)]
-    return [s for s, held in enumerate(ring_schedule(world)) if any(ring_tiles(segs[rank], segs[held[rank]],
-                                                                               is_causal=True))]
-
-
-def _ring_with_skips(fn, world: int, layout: str):
-    """One process plays a causal ring of ``world`` ranks that skips the steps fn names; its output and SDPA's."""
-    gen = torch.Generator().manual_seed(141)
-    L = 4 * world + 2
-    q, k, v = (torch.randn(2, L, 4, generator=gen, dtype=torch.float64) for _ in range(3))
-    pos = [shard_indices(L, r, world, layout=layout) for r in range(world)]
-    outs = []
-    for r in range(world):
-        skip = set(int(s) for s in attempt(fn, r, world, layout))
-        qr = shard(q, r, world, layout=layout)
-        out, lse = torch.zeros_like(qr), torch.full(qr.shape[:-1], float("-inf"), dtype=qr.dtype)
-        for step, held in enumerate(ring_schedule(world)):
-            if step in skip:
-                continue
-            src = held[r]
-            mask = pos[src][None, :] <= pos[r][:, None]                   # global causal mask
-            o, s = block_attention(qr, shard(k, src, world, layout=layout), shard(v, src, world, layout=layout),
-                                   scale=0.5, mask=mask)
-            out, lse = merge_partials(out, lse, o, s)
-        outs.append(out)
-    return unshard(outs, layout=layout), F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.5)
-
-
-def check_ring_skips(fn) -> None:
-    """``fn(rank, world_size, layout) -> steps``: the steps of a causal ring at which ``rank`` may skip the
-    K/V block it holds (every key of it comes after every query of the rank), as a list of ints.
-
-    At step s rank r holds the block of rank (r - s) mod W. Checked against the package's tiles for
-    contiguous and zig-zag layouts, then by running the ring in one process with those steps skipped
-    against one-process SDPA.
+    out (B, h, L, Ev), lse (B, h, L) (-inf for a row that sees no key), sink (h,). The sink is one more block
+    of the merge, with lse_c = sink and no value: lse' = logaddexp(lse, sink), out' = out * exp(lse - lse').
+    Checked against gpt-oss's softmax over [scores, sink] with the sink's column dropped, in float32 with
+    some scores past exp's range, and with as many heads as rows (a sink broadcast over the rows shows).
     """
-    try:
-        attempt(fn, 0, 4, "contiguous")
-    except NotAttempted:
-        return not_attempted("skipped_steps")
-    for layout in ("contiguous", "zigzag"):
-        for world in (2, 3, 4, 5):
-            got = [sorted(int(s) for s in attempt(fn, r, world, layout)) for r in range(world)]
-            needed = [_needed_steps(r, world, layout, 4 * world) for r in range(world)]
-            want = [[s for s in range(world) if s not in needed[r]] for r in range(world)]
-            if got == want:
-                continue
-            where = f"W = {world}, {layout}"
-            if any(0 in steps for steps in got):
-                raise ExerciseError(f"{where}: skipped the diagonal step: at step 0 a rank holds its own block, "
-                                    "whose keys up to each query are needed (masked inside, never skipped)")
-            if layout == "zigzag":
-                raise ExerciseError(f"{where}: in the zig-zag layout every rank holds a late chunk, which sees "
-                                    "every block at least in part: no step may be skipped")
-            if got == [[s for s in range(1, world) if (r - s) % world < r] for r in range(world)]:
-                raise ExerciseError(f"{where}: reversed: the blocks of earlier ranks (src < r) hold keys every "
-                                    "query sees; skip those of later ranks, src = (r - s) mod W > r")
-            if got == [[s for s in range(max(r, 1), world)] for r in range(world)]:
-                raise ExerciseError(f"{where}: off by one: at step r rank r holds block 0, which every query "
-                                    "sees; the skipped steps are r + 1 .. W - 1")
-            if not any(got):
-                raise ExerciseError(f"{where}: nothing skipped: exact, but the blocks of later ranks hold only "
-                                    "keys after all of a rank's queries; skip the steps that hold them")
-            for r in range(world):
-                if wrong := [s for s in got[r] if s in needed[r]]:
-                    raise ExerciseError(f"{where}, rank {r}: step(s) {wrong} hold keys at or before some of the "
-                                        "rank's queries: those must be computed")
-            r = next(r for r in range(world) if got[r] != want[r])
-            raise ExerciseError(f"{where}, rank {r}: the steps that may be skipped are {want[r]}, got {got[r]} "
-                                "(skipping less is exact but wastes work)")
-    for layout, world in (("contiguous", 4), ("zigzag", 3)):
-        ring, sdpa = _ring_with_skips(fn, world, layout)
-        if not close(ring, sdpa, atol=1e-10):
-            raise ExerciseError(f"the one-process ring ({layout}, W = {world}) with those steps skipped differs "
-                                "from SDPA")
-    return passed("contiguous: rank r skips steps r + 1 .. W - 1 (the blocks of later ranks); zig-zag: nothing; "
-                  "the one-process ring with those skips equals SDPA")
+    for h, L, seed in ((3, 5, 14), (4, 4, 15)):
+        (out, lse, sink), (want, want_lse) = _sink_case(h, L, seed)
+        try:
+            result = attempt(fn, out.clone(), lse.clone(), sink.clone())
+        except NotAttempted:
+            return not_attempted("add_sink")
+        except RuntimeError as error:
+            raise ExerciseError(f"torch refused ({str(error).splitlines()[0]}): sink is (h,), one logit per head, "
+                                "and lse (B, h, L): sink[:, None] meets every row of its own head; a share "
+                                "(B, h, L) meets out (B, h, L, Ev) as share[..., None]") from None
+        if not isinstance(result, tuple | list) or len(result) != 2:
+            raise ExerciseError("return a pair (out, lse)")
+        got, got_lse = (require_tensor(name, t, tuple(w.shape)) for name, t, w in
+                        (("out", result[0], want), ("lse", result[1], want_lse)))
+        if torch.isposinf(got_lse).any() or torch.isnan(got_lse).any():
+            raise ExerciseError("an lse came out inf or NaN: exp(lse) overflows float32 for a row whose scores "
+                                "pass 88.7 (and a row that sees no key has lse = -inf); combine the logs with "
+                                "torch.logaddexp(lse, sink), never log(exp(lse) + exp(sink))")
+        if not torch.isfinite(got).all():
+            raise ExerciseError("NaN or inf in out: row 0 sees no key (lse = -inf, out = 0) and the last row's "
+                                "scores overflow exp in float32; the keys' share exp(lse - lse_new) is finite "
+                                "(0 for row 0)")
+        new_lse = torch.logaddexp(lse, sink[:, None])
+        keys_share = torch.exp(lse - new_lse).unsqueeze(-1)                       # (B, h, L, 1)
+        if close(got, out) and close(got_lse, lse):
+            raise ExerciseError("nothing changed: the sink takes part of the softmax mass, so both lse and out change")
+        if close(got_lse, lse) and close(got, want):
+            raise ExerciseError("out is right, but lse is still the keys' alone: the softmax now also sums "
+                                "exp(sink), lse_new = logaddexp(lse, sink), which a backward needs")
+        if h == L and close(got_lse, torch.logaddexp(lse, sink)):
+            raise ExerciseError("the sink was broadcast over the rows, not the heads: sink[i] belongs to head i; "
+                                "against lse (B, h, L) use sink[:, None]")
+        if close(got_lse, lse + sink[:, None]):
+            raise ExerciseError("lse + sink multiplies the two sums; the sink adds one term: lse_new = "
+                                "log(exp(lse) + exp(sink)) = torch.logaddexp(lse, sink)")
+        if not close(got_lse, want_lse):
+            raise ExerciseError("lse should be the log-sum-exp over the keys and the sink: logaddexp(lse, sink)")
+        if close(got, out):
+            raise ExerciseError("out is unchanged: the sink takes weight from the keys and gives no value back; "
+                                "scale out by the keys' share, exp(lse - lse_new)")
+        if any(close(got, out * torch.sigmoid(x)[:, None, None]) for x in (sink, -sink)):
+            raise ExerciseError("the keys' share depends on the row, not on the sink alone: exp(lse - lse_new), "
+                                "with this row's lse")
+        if close(got, out * torch.exp(sink[:, None] - new_lse).unsqueeze(-1)):
+            raise ExerciseError("that is the sink's share of the mass; the keys keep the rest, exp(lse - lse_new)")
+        if close(got, out / keys_share.clamp_min(1e-30)):
+            raise ExerciseError("the share is upside down: exp(lse - lse_new) (at most 1), not exp(lse_new - lse)")
+        if not close(got, want):
+            raise ExerciseError("out should be gpt-oss's attention: out * exp(lse - lse_new), the keys' share of "
+                                "the mass once the sink takes its own")
+    return passed("the sink is one more block of the merge, with lse_c = sink and no value: lse' = "
+                  "logaddexp(lse, sink), out' = out·exp(lse − lse'); equal to gpt-oss's softmax over the scores and "
+                  "the sink with its column dropped")
 
+
+# ---------------------------------------------------------------------------------------------
+# The work of each step of a causal ring
+# ---------------------------------------------------------------------------------------------
+
+def _work_table(L: int, W: int, layout: str, *, mistake: str | None = None) -> list[list[int]]:
+    """work[s][r]: tile scores rank r computes at step s of a causal ring (the package's tiles); ``mistake``
+    plants one the checker names."""
+    segs = [shard_segments(L, r, W, layout=layout) for r in range(W)]
+    table = []
+    for s in range(W):
+        row = []
+        for r in range(W):
+            src = (r + s) % W if mistake == "reversed" else (r - s) % W
+            if mistake is None or mistake in ("reversed", "transposed"):
+                work = sum((t.rows.stop - t.rows.start) * (t.cols.stop - t.cols.start)
+                           for t in ring_tiles(segs[r], segs[src], is_causal=True))
+            elif mistake == "none":
+                work = sum((qb - qa) * (kb - ka) for qa, qb in segs[r] for ka, kb in segs[src])
+            elif mistake == "needed":
+                work = sum(max(0, min(kb, q + 1) - ka) for qa, qb in segs[r] for q in range(qa, qb)
+                           for ka, kb in segs[src])
+            elif mistake == "full_only":
+                work = sum((qb - qa) * (kb - ka) for qa, qb in segs[r] for ka, kb in segs[src] if kb - 1 <= qa)
+            row.append(work)
+        table.append(row)
+    return [list(col) for col in zip(*table)] if mistake == "transposed" else table
+
+
+_WORK_MESSAGES = {
+    "transposed": "rows and columns swapped: work[s][r], one list per step s, holding every rank's work",
+    "reversed": "the schedule runs backwards: at step s rank r holds the block of rank (r − s) mod W (it receives "
+                "from rank r − 1)",
+    "none": "nothing skipped: a tile whose keys all come after all its queries is never computed. In the zig-zag "
+            "layout no block is skipped whole, but each of a rank's two chunks is a tile of its own, and its early "
+            "chunk skips the block's late chunk",
+    "needed": "that counts only the needed entries (key <= query); a tile is computed whole, its masked entries "
+              "included, as the ranks counted",
+    "full_only": "a tile only partly masked (the diagonal tile, whose keys and queries start together, or a run "
+                 "that meets the queries halfway) is computed whole, not skipped: skip only when the first key "
+                 "comes after the last query",
+}
+
+
+def check_step_work(fn) -> None:
+    """``fn(L, world_size, layout) -> work``: work[s][r], the tile scores (query rows x key rows of every tile
+    computed, masked entries included) rank r computes at step s of a causal ring, 0 where it skips.
+
+    Checked against the package's tiles (``ring_tiles``, what the gloo processes count) for both layouts, on
+    lengths that do not divide evenly.
+    """
+    cases = [(37, 4, "contiguous"), (37, 4, "zigzag"), (29, 3, "zigzag"), (19, 2, "contiguous"),
+             (13, 5, "zigzag"), (10, 5, "zigzag"), (23, 5, "contiguous")]
+    try:
+        attempt(fn, 37, 4, "contiguous")
+    except NotAttempted:
+        return not_attempted("step_work")
+    for L, W, layout in cases:
+        got = attempt(fn, L, W, layout)
+        if isinstance(got, torch.Tensor):
+            got = got.tolist()
+        if (not isinstance(got, list | tuple) or len(got) != W
+                or any(not isinstance(row, list | tuple) or len(row) != W for row in got)):
+            raise ExerciseError(f"L={L}, W={W}, {layout}: return W = {W} lists (one per step) of W numbers (one per "
+                                "rank)")
+        got = [[int(x) for x in row] for row in got]
+        want = _work_table(L, W, layout)
+        if got == want:
+            continue
+        where = f"L={L}, W={W}, {layout}"
+        for mistake, message in _WORK_MESSAGES.items():
+            if got == _work_table(L, W, layout, mistake=mistake):
+                raise ExerciseError(f"{where}: {message}")
+        s, r = next((s, r) for s in range(W) for r in range(W) if got[s][r] != want[s][r])
+        raise ExerciseError(f"{where}: at step {s} rank {r} holds the block of rank {(r - s) % W} and computes "
+                            f"{want[s][r]} tile scores, got {got[s][r]}")
+    for layout in ("contiguous", "zigzag"):                          # the columns add up to the ranks' counts
+        assert [sum(col) for col in zip(*_work_table(37, 4, layout))] == causal_work(37, 4, layout=layout)
+    W, c = 8, 64                                                     # 2W chunks of c rows
+    cont, zz = (_work_table(2 * W * c, W, layout) for layout in ("contiguous", "zigzag"))
+    idle = sum(x == 0 for row in cont for x in row)
+    assert idle == W * (W - 1) // 2 and {x for row in cont for x in row} == {0, 4 * c * c}
+    assert set(zz[0]) == {3 * c * c} and {x for row in zz[1:] for x in row} == {2 * c * c}
+    return passed(f"each column adds up to what that rank counted. With W = {W} and 2W chunks of c = {c} rows: "
+                  f"contiguous, a rank computes a whole block of (2c)² = {4 * c * c} scores or nothing, and {idle} "
+                  f"of the {W * W} (step, rank) slots are empty; zig-zag, none is: every rank computes 3c² = "
+                  f"{3 * c * c} at step 0 and 2c² = {2 * c * c}, half a block, at every later step")
+
+
+# ---------------------------------------------------------------------------------------------
+# Where a zig-zag rank holds position p
+# ---------------------------------------------------------------------------------------------
 
 def _chunk_starts(L: int, parts: int) -> list[int]:
     sizes = [L // parts + (1 if p < L % parts else 0) for p in range(parts)]
     return [sum(sizes[:p]) for p in range(parts + 1)]
 
 
-def check_zigzag_indices(fn) -> None:
-    """``fn(L, rank, world_size) -> positions``: the global positions rank holds in the zig-zag layout,
-    in increasing order (a 1-D int tensor or a list). The first L % (2W) chunks get one row more."""
-    cases = [(16, 0, 4), (16, 3, 4), (16, 1, 2), (10, 1, 2), (11, 2, 3), (13, 0, 3), (9, 3, 4), (8, 3, 4)]
+def _owners(L: int, W: int, *, mistake: str | None = None) -> list[tuple[int, int]]:
+    """(rank, row) of every position in the zig-zag layout (from the package's shards); ``mistake`` plants one."""
+    if mistake in (None, "contiguous", "swapped", "global_row"):
+        layout = "contiguous" if mistake == "contiguous" else "zigzag"
+        owner = {}
+        for r in range(W):
+            for row, p in enumerate(shard_indices(L, r, W, layout=layout).tolist()):
+                owner[p] = (row, r) if mistake == "swapped" else (r, p) if mistake == "global_row" else (r, row)
+        return [owner[p] for p in range(L)]
+    parts = 2 * W
+    size = L // parts
+    starts = _chunk_starts(L, parts)
+    out = []
+    for p in range(L):
+        if mistake == "even":                                    # chunks of L // 2W, the rest to the last
+            c = min(p // size, parts - 1)
+            offset, early_len = p - c * size, size
+        else:
+            c = max(i for i in range(parts) if starts[i] <= p)
+            offset = p - starts[c]
+            rank = parts - 1 - c if c >= W else c
+            early_len = starts[rank + 1] - starts[rank]
+        if c < W:
+            out.append((c, offset))
+        elif mistake == "mod":                                   # chunks r and W + r
+            out.append((c - W, (starts[c - W + 1] - starts[c - W]) + offset))
+        elif mistake == "partner":                               # 2W - c: off by one
+            wrong = parts - c
+            out.append((wrong, (starts[wrong + 1] - starts[wrong] if wrong < parts else size) + offset))
+        elif mistake == "late_row":                              # the late chunk's rows counted from 0
+            out.append((parts - 1 - c, offset))
+        else:                                                    # "even"
+            out.append((parts - 1 - c, early_len + offset))
+    return out
+
+
+_OWNER_MESSAGES = {
+    "contiguous": "that is the contiguous split; zig-zag cuts 2W chunks and gives rank r chunks r and 2W − 1 − r",
+    "swapped": "the pair is the wrong way round: return (rank, row)",
+    "global_row": "row is the index in the rank's own shard (its early chunk, then its late chunk), not the "
+                  "global position",
+    "mod": "chunk c >= W belongs to rank 2W − 1 − c (the first paired with the last), not to rank c − W",
+    "partner": "off by one: chunk c >= W belongs to rank 2W − 1 − c (chunks count from 0)",
+    "late_row": "a late chunk's rows come after the rank's early chunk in its shard: add the early chunk's length",
+    "even": "L is not divisible by 2W here: the first L mod 2W chunks are one row longer, which moves every "
+            "chunk's start",
+}
+
+
+def check_zigzag_owner(fn) -> None:
+    """``fn(position, L, world_size) -> (rank, row)``: which rank holds global position ``position`` in the
+    zig-zag layout, and at which row of its shard (early chunk first, then late chunk, as ``shard`` lays them
+    out). Every position of several lengths, most not divisible by 2W, and W = 1."""
+    cases = [(37, 4), (16, 4), (11, 3), (13, 2), (8, 4), (101, 5), (7, 1)]
     try:
-        attempt(fn, 16, 0, 4)
+        attempt(fn, 0, 16, 4)
     except NotAttempted:
-        return not_attempted("zigzag_indices")
-    for L, rank, world in cases:
-        got = attempt(fn, L, rank, world)
-        got = torch.as_tensor(got).flatten().long().tolist() if not isinstance(got, list) else [int(x) for x in got]
-        want = shard_indices(L, rank, world, layout="zigzag").tolist()
+        return not_attempted("zigzag_owner")
+    for L, W in cases:
+        got = []
+        for p in range(L):
+            pair = attempt(fn, p, L, W)
+            if not isinstance(pair, tuple | list) or len(pair) != 2:
+                raise ExerciseError(f"zigzag_owner({p}, {L}, {W}) should return a pair (rank, row), got {pair!r}")
+            got.append(tuple(int(x) for x in pair))
+        want = _owners(L, W)
         if got == want:
             continue
-        where = f"L={L}, rank={rank}, world_size={world}"
-        if got == shard_indices(L, rank, world, layout="contiguous").tolist():
-            raise ExerciseError(f"{where}: that is the contiguous split; zig-zag cuts 2·W chunks and gives rank r "
-                                "chunks r and 2W − 1 − r")
-        if sorted(got) == want:
-            raise ExerciseError(f"{where}: the right positions in the wrong order; return them increasing "
-                                "(chunk r, then chunk 2W − 1 − r)")
-        starts = _chunk_starts(L, 2 * world)
-        chunk = lambda c: list(range(starts[c], starts[c + 1]))   # noqa: E731
-        if got == chunk(rank) + chunk(world + rank):
-            raise ExerciseError(f"{where}: chunks r and W + r pair early with middle; pair the first with the "
-                                "last: chunk 2W − 1 − r")
-        if 2 * world - rank < 2 * world and got == chunk(rank) + chunk(2 * world - rank):
-            raise ExerciseError(f"{where}: off by one: the partner of chunk r is 2W − 1 − r (chunks count from 0)")
-        size = L // (2 * world)
-        even = list(range(rank * size, (rank + 1) * size)) + list(range((2 * world - 1 - rank) * size,
-                                                                         (2 * world - rank) * size))
-        if L % (2 * world) and got == even:
-            raise ExerciseError(f"{where}: L is not divisible by 2W = {2 * world}: the first L % 2W chunks get one "
-                                "row more (rows are lost or shifted otherwise)")
-        raise ExerciseError(f"{where}: expected {want}, got {got}")
-    even, uneven = causal_work(16, 4, layout="zigzag"), causal_work(11, 3, layout="zigzag")
-    assert len(set(even)) == 1 and len(set(uneven)) > 1              # what the message says
-    return passed(f"rank r holds chunks r and 2W − 1 − r of 2W: one early, one late. Where 2W divides L every "
-                  f"rank computes the same causal work (L=16, W=4: {even} scores); otherwise the chunks differ by "
-                  f"a row and the work differs too (L=11, W=3: {uneven})")
+        where = f"L={L}, world_size={W}"
+        for mistake, message in _OWNER_MESSAGES.items():
+            if (mistake != "even" or L % (2 * W)) and got == _owners(L, W, mistake=mistake):
+                raise ExerciseError(f"{where}: {message}")
+        p = next(p for p in range(L) if got[p] != want[p])
+        raise ExerciseError(f"{where}: position {p} is row {want[p][1]} of rank {want[p][0]}, got {got[p]}")
+    L, W = 37, 4
+    last = _owners(L, W)[-1]
+    assert last[0] == 0 and _owners(L, W)[0] == (0, 0)
+    return passed(f"chunk c < W is rank c's, chunk c >= W rank 2W − 1 − c's, after its early chunk. At L = {L}, "
+                  f"W = {W} the last position, whose logits sample the next token, is row {last[1]} of rank "
+                  f"{last[0]}, the rank that holds position 0 too (in the contiguous layout it is on rank {W - 1})")
 
 
 # ---------------------------------------------------------------------------------------------

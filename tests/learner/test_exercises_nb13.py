@@ -14,18 +14,60 @@ def stub(*args):
 
 
 RIGHT = {}          # test id -> (checker, a right answer); each exercise below adds its own
-RIGHT["mla_bytes"] = check.check_mla_bytes, lambda n, r, p, t, b: (r + p) * n * t * b
+
+
+def _weights(layer):
+    return sum(p.numel() for p in layer.parameters())
+
+
+def _cache(layer, n):
+    return n * (layer.kv_lora_rank + layer.qk_rope_head_dim)
+
+
+def crossover_right(layer, n):
+    return _weights(layer) // _cache(layer, n) + 1
+
+
+RIGHT["crossover_batch"] = check.check_crossover_batch, crossover_right
+RIGHT["crossover_batch_loop"] = check.check_crossover_batch, lambda layer, n: next(
+    b for b in range(1, 10**7) if b * _cache(layer, n) > _weights(layer))
+RIGHT["crossover_batch_tensor"] = check.check_crossover_batch, lambda layer, n: torch.tensor(crossover_right(layer, n))
+
+
+def _differing(layer):
+    return layer.kv_b_proj.weight.numel() + layer.o_proj.weight.numel()       # W^UK, W^UV (kv_b_proj) and W^O
 
 
 @pytest.mark.parametrize("wrong, message", [
-    (lambda n, r, p, t, b: 2 * (r + p) * n * t * b, "no separate K and V"),
-    (lambda n, r, p, t, b: r * n * t * b, "RoPE key is missing"),
-    (lambda n, r, p, t, b: (r + p) * t * b, "multiply by n_layers"),
-    (lambda n, r, p, t, b: 0, "should be"),
+    (lambda layer, n: -(-_weights(layer) // _cache(layer, n)), "equal is not more"),             # ceil: >=
+    (lambda layer, n: _weights(layer) // _cache(layer, n), "weights still weigh at least"),     # one short
+    (lambda layer, n: _weights(layer) // (n * layer.kv_lora_rank) + 1, "RoPE key is cached too"),
+    (lambda layer, n: _weights(layer) // (2 * _cache(layer, n)) + 1, "no separate K and V"),
+    (lambda layer, n: _differing(layer) // _cache(layer, n) + 1, "query and latent projections too"),
+    (lambda layer, n: _weights(layer) // (n * layer.n_heads * (layer.qk_head_dim + layer.v_head_dim)) + 1,
+     "expanded keys and values"),
+    (lambda layer, n: sum(p.nbytes for p in layer.parameters()) // _cache(layer, n) + 1, "weights are counted in bytes"),
+    (lambda layer, n: _weights(layer) // (4 * _cache(layer, n)) + 1, "cache is counted in bytes"),
+    (lambda layer, n: _weights(layer) / _cache(layer, n), "whole number"),
+    (lambda layer, n: 1, "the smallest batch is"),
+    (lambda layer, n: [crossover_right(layer, n)], "should return an int"),
 ])
-def test_mla_bytes_diagnoses(wrong, message):
+def test_crossover_batch_diagnoses(wrong, message):
     with pytest.raises(ExerciseError, match=message):
-        check.check_mla_bytes(wrong)
+        check.check_crossover_batch(wrong)
+
+
+def test_crossover_cases_hold_a_tie_and_a_batch_of_one():
+    """The cases the checker tries include an exact tie (where >= and > differ) and a cache that outweighs the
+    weights at batch 1, and the DeepSeek-V2 layer's count is its published shapes' (computed by hand)."""
+    layers = [(check._crossover_layer(shape), n) for shape, n in check._CROSSOVER_CASES]
+    assert any(_weights(layer) % _cache(layer, n) == 0 for layer, n in layers)
+    assert any(crossover_right(layer, n) == 1 for layer, n in layers)
+    v2, n = layers[-1]
+    q = 5120 * 1536 + 1536 + 1536 * 128 * (128 + 64)                  # q_a_proj, q_a_layernorm, q_b_proj
+    kv = 5120 * (512 + 64) + 512 + 512 * 128 * (128 + 128)            # kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj
+    assert _weights(v2) == q + kv + 128 * 128 * 5120 == 149_227_520 and n == 2048
+    assert crossover_right(v2, n) == 127
 
 
 RIGHT["sink_slot"] = check.check_sink_slot, lambda p, s, w: p if p < s else s + (p - s) % w

@@ -7,8 +7,14 @@ import torch
 import torch.nn.functional as F
 from helpers import expect_error, right_and_not_attempted_test
 
-from selfattn_lite.distributed import block_attention_backward, shard
-from selfattn_lite.exercises import ExerciseError, nb14
+from selfattn_lite.distributed import (
+    block_attention_backward,
+    merge_partials,
+    shard,
+    shard_indices,
+    shard_segments,
+)
+from selfattn_lite.exercises import nb14
 
 
 def stub(*args, **kwargs):
@@ -18,122 +24,186 @@ def stub(*args, **kwargs):
 RIGHT = {}          # test id -> (checker, a right answer); each exercise below adds its own
 
 
-# ----------------------------------------------------------------------------- merge_partials
+# ----------------------------------------------------------------------------- add_sink
 
-def merge_right(o1, l1, o2, l2):
-    lse = torch.logaddexp(l1, l2)
-    return o1 * torch.exp(l1 - lse).unsqueeze(-1) + o2 * torch.exp(l2 - lse).unsqueeze(-1), lse
-
-
-RIGHT["merge_partials"] = nb14.check_merge_partials, merge_right
+def sink_right(out, lse, sink):
+    new = torch.logaddexp(lse, sink[:, None])
+    return out * torch.exp(lse - new).unsqueeze(-1), new
 
 
-def _with_lse(out_fn):
-    return lambda o1, l1, o2, l2: (out_fn(o1, l1, o2, l2), torch.logaddexp(l1, l2))
+RIGHT["add_sink"] = nb14.check_add_sink, sink_right
+RIGHT["add_sink_sigmoid"] = nb14.check_add_sink, lambda out, lse, sink: (   # the keys' share, sigmoid(lse - s)
+    out * torch.sigmoid(lse - sink[:, None]).unsqueeze(-1), torch.logaddexp(lse, sink[:, None]))
+RIGHT["add_sink_merge"] = nb14.check_add_sink, lambda out, lse, sink: merge_partials(    # a block with no value
+    out, lse, torch.zeros_like(out), sink[:, None].expand_as(lse))
 
 
-@pytest.mark.parametrize("wrong,fragment", [
-    (_with_lse(lambda o1, l1, o2, l2: (o1 + o2) / 2), "averaging"),
-    (lambda o1, l1, o2, l2: (merge_right(o1, l1, o2, l2)[0], torch.maximum(l1, l2)), "larger of the two"),
-    (lambda o1, l1, o2, l2: (merge_right(o1, l1, o2, l2)[0], l1 + l2), "NaN or inf"),   # -inf + finite
-    (_with_lse(lambda o1, l1, o2, l2: o1 * torch.exp(l1).unsqueeze(-1) + o2 * torch.exp(l2).unsqueeze(-1)),
-     "not normalised"),
-    (_with_lse(lambda o1, l1, o2, l2: o1 * torch.exp(l2 - torch.logaddexp(l1, l2)).unsqueeze(-1)
-               + o2 * torch.exp(l1 - torch.logaddexp(l1, l2)).unsqueeze(-1)), "swapped"),
-    (lambda o1, l1, o2, l2: (o1 * torch.exp(l1 - torch.maximum(l1, l2)).unsqueeze(-1), torch.logaddexp(l1, l2)),
-     "attention to all keys"),
-    (lambda o1, l1, o2, l2: (o1 + 0 * l2.unsqueeze(-1), torch.logaddexp(l1, l2)), "NaN or inf"),
-    (lambda o1, l1, o2, l2: merge_right(o1, l1, o2, l2)[0], "pair (out, lse)"),
-    (_with_lse(lambda o1, l1, o2, l2: o1 + o2), "forgot to rescale"),
-    (lambda o1, l1, o2, l2: (merge_right(o1, l1, o2, l2)[0], torch.logaddexp2(l1, l2)), "base 2"),
-    (_with_lse(lambda o1, l1, o2, l2: o1 * torch.exp2(l1 - torch.logaddexp(l1, l2)).unsqueeze(-1)
-               + o2 * torch.exp2(l2 - torch.logaddexp(l1, l2)).unsqueeze(-1)), "base 2"),
-    (lambda o1, l1, o2, l2: (merge_right(o1, l1, o2, l2)[0][0], torch.logaddexp(l1, l2)), "shape"),
-])
-def test_merge_partials_diagnoses(wrong, fragment):
-    expect_error(nb14.check_merge_partials, wrong, fragment)
+def _lse(out, lse, sink):
+    return torch.logaddexp(lse, sink[:, None])
 
 
-def test_merge_partials_sum_of_lse_is_named():
-    def add_lse(o1, l1, o2, l2):             # finite everywhere, but lse1 + lse2
-        out, lse = merge_right(o1, l1, o2, l2)
-        return out, torch.where(torch.isfinite(l1 + l2), l1 + l2, lse)
-    with pytest.raises(ExerciseError) as info:
-        nb14.check_merge_partials(add_lse)
-    assert "lse" in str(info.value)
-
-
-# ----------------------------------------------------------------------------- the ring's causal skips
-
-def skips_right(rank, world, layout):
-    return [s for s in range(1, world) if (rank - s) % world > rank] if layout == "contiguous" else []
-
-
-RIGHT["ring_skips"] = nb14.check_ring_skips, skips_right
-RIGHT["ring_skips_tensor"] = (
-    nb14.check_ring_skips,
-    lambda r, w, lay: torch.tensor(skips_right(r, w, lay), dtype=torch.long))
+def _scaled(factor):
+    return lambda out, lse, sink: (out * factor(out, lse, sink), _lse(out, lse, sink))
 
 
 @pytest.mark.parametrize("wrong,fragment", [
-    (lambda r, w, lay: [0, *skips_right(r, w, lay)], "diagonal step"),                   # skipped its own block
-    (lambda r, w, lay: skips_right(r, w, "contiguous"), "zig-zag"),                      # same rule for zig-zag
-    (lambda r, w, lay: [s for s in range(1, w) if (r - s) % w < r] if lay == "contiguous" else [], "reversed"),
-    (lambda r, w, lay: [s for s in range(r, w) if s] if lay == "contiguous" else [], "off by one"),
-    (lambda r, w, lay: [], "nothing skipped"),
-    (lambda r, w, lay: skips_right(r, w, lay)[:-1] if w > 2 else skips_right(r, w, lay), "may be skipped are"),
-    (lambda r, w, lay: [s for s in range(1, w) if (r - s) % w != r - 1] if lay == "contiguous" else [],
-     "must be computed"),
+    (lambda out, lse, sink: (out, lse), "nothing changed"),
+    (lambda out, lse, sink: (sink_right(out, lse, sink)[0], lse), "lse is still the keys'"),
+    (lambda out, lse, sink: (out, _lse(out, lse, sink)), "out is unchanged"),
+    (lambda out, lse, sink: (sink_right(out, lse, sink)[0], lse + sink[:, None]), "multiplies the two sums"),
+    (lambda out, lse, sink: (sink_right(out, lse, sink)[0], torch.log(torch.exp(lse) + torch.exp(sink[:, None]))),
+     "overflows float32"),
+    (lambda out, lse, sink: (out * torch.exp(lse - torch.logaddexp(lse, sink)).unsqueeze(-1),
+                             torch.logaddexp(lse, sink)), "torch refused"),          # sink against the rows: 3 vs 5
+    (_scaled(lambda out, lse, sink: torch.sigmoid(-sink)[:, None, None]), "depends on the row"),
+    (_scaled(lambda out, lse, sink: torch.exp(sink[:, None] - _lse(out, lse, sink)).unsqueeze(-1)), "sink's share"),
+    (_scaled(lambda out, lse, sink: torch.exp(_lse(out, lse, sink) - lse).unsqueeze(-1).clamp_max(1e30)),
+     "upside down"),
+    (lambda out, lse, sink: (out * torch.exp(lse - _lse(out, lse, sink)).unsqueeze(-1) + lse.isneginf()[..., None]
+                             * float("nan"), _lse(out, lse, sink)), "NaN or inf in out"),   # a 0 * inf in row 0
+    (lambda out, lse, sink: sink_right(out, lse, sink)[0], "pair (out, lse)"),
+    (lambda out, lse, sink: (sink_right(out, lse, sink)[0][0], _lse(out, lse, sink)), "shape"),
+    (_scaled(lambda out, lse, sink: 0.5), "gpt-oss's attention"),
 ])
-def test_ring_skips_diagnoses(wrong, fragment):
-    expect_error(nb14.check_ring_skips, wrong, fragment)
+def test_add_sink_diagnoses(wrong, fragment):
+    expect_error(nb14.check_add_sink, wrong, fragment)
 
 
-# ----------------------------------------------------------------------------- zigzag_indices
+def test_add_sink_names_a_sink_broadcast_over_the_rows():
+    """With as many heads as rows the wrong broadcast runs: the second case of the checker names it."""
+    calls = []
 
-def zigzag_right(L, rank, world):
-    parts = 2 * world
-    sizes = [L // parts + (1 if p < L % parts else 0) for p in range(parts)]
-    starts = [sum(sizes[:p]) for p in range(parts + 1)]
-    return [*range(starts[rank], starts[rank + 1]),
-            *range(starts[parts - 1 - rank], starts[parts - rank])]
-
-
-RIGHT["zigzag_indices"] = nb14.check_zigzag_indices, zigzag_right
-RIGHT["zigzag_indices_tensor"] = nb14.check_zigzag_indices, lambda L, r, w: torch.tensor(zigzag_right(L, r, w))
-
-
-def contiguous(L, rank, world):
-    sizes = [L // world + (1 if p < L % world else 0) for p in range(world)]
-    return list(range(sum(sizes[:rank]), sum(sizes[:rank + 1])))
+    def rows(out, lse, sink):
+        calls.append(lse.shape)
+        if lse.shape[1] != lse.shape[2]:
+            return sink_right(out, lse, sink)
+        new = torch.logaddexp(lse, sink)                      # sink (h,) against the last axis, the rows
+        return out * torch.exp(lse - new).unsqueeze(-1), new
+    expect_error(nb14.check_add_sink, rows, "broadcast over the rows")
+    assert len(calls) == 2
 
 
-def chunks(L, rank, world, partner):
-    parts = 2 * world
-    sizes = [L // parts + (1 if p < L % parts else 0) for p in range(parts)]
-    starts = [sum(sizes[:p]) for p in range(parts + 1)]
-    c = partner(rank, world)
-    return [*range(starts[rank], starts[rank + 1]), *range(starts[c], starts[c + 1])]
+# ----------------------------------------------------------------------------- step_work
+
+def work_right(L, W, layout):
+    runs = [shard_segments(L, r, W, layout=layout) for r in range(W)]
+    return [[sum((qb - qa) * (kb - ka) for qa, qb in runs[r] for ka, kb in runs[(r - s) % W] if ka < qb)
+             for r in range(W)] for s in range(W)]
+
+
+RIGHT["step_work"] = nb14.check_step_work, work_right
+RIGHT["step_work_tensor"] = nb14.check_step_work, lambda L, W, lay: torch.tensor(work_right(L, W, lay))
+
+
+def _work(rule, schedule=lambda r, s, W: (r - s) % W):
+    def fn(L, W, layout):
+        runs = [shard_segments(L, r, W, layout=layout) for r in range(W)]
+        return [[sum(rule(qa, qb, ka, kb) for qa, qb in runs[r] for ka, kb in runs[schedule(r, s, W)])
+                 for r in range(W)] for s in range(W)]
+    return fn
+
+
+def _whole(qa, qb, ka, kb):
+    return (qb - qa) * (kb - ka)
+
+
+def _one_tile(L, W, layout):
+    pos = [shard_indices(L, r, W, layout=layout) for r in range(W)]
+    return [[len(pos[r]) * len(pos[(r - s) % W]) * int(bool((pos[(r - s) % W][:, None] <= pos[r][None, :]).any()))
+             for r in range(W)] for s in range(W)]
 
 
 @pytest.mark.parametrize("wrong,fragment", [
-    (contiguous, "contiguous split"),
-    (lambda L, r, w: zigzag_right(L, r, w)[::-1], "wrong order"),
-    (lambda L, r, w: chunks(L, r, w, lambda r, w: w + r), "W + r"),
-    (lambda L, r, w: chunks(L, r, w, lambda r, w: min(2 * w - r, 2 * w - 1)), "off by one"),
-    (lambda L, r, w: [*range(r * (L // (2 * w)), (r + 1) * (L // (2 * w))),
-                      *range((2 * w - 1 - r) * (L // (2 * w)), (2 * w - r) * (L // (2 * w)))], "not divisible"),
-    (lambda L, r, w: [0, 1], "expected"),
+    (lambda L, W, lay: [list(col) for col in zip(*work_right(L, W, lay))], "rows and columns swapped"),
+    (_work(lambda qa, qb, ka, kb: _whole(qa, qb, ka, kb) * (ka < qb), lambda r, s, W: (r + s) % W),
+     "schedule runs backwards"),
+    (_work(_whole), "nothing skipped"),
+    (_work(lambda qa, qb, ka, kb: sum(max(0, min(kb, q + 1) - ka) for q in range(qa, qb))), "only the needed"),
+    (_one_tile, "a tile of its own"),
+    (_work(lambda qa, qb, ka, kb: _whole(qa, qb, ka, kb) * (kb - 1 <= qa)), "only partly masked"),
+    (_work(lambda qa, qb, ka, kb: _whole(qa, qb, ka, kb) * (ka < qa)), "only partly masked"),   # diagonal skipped
+    (lambda L, W, lay: [row[::-1] for row in work_right(L, W, lay)], "at step"),
+    (lambda L, W, lay: work_right(L, W, lay)[:-1], "one per step"),
 ])
-def test_zigzag_diagnoses(wrong, fragment):
-    expect_error(nb14.check_zigzag_indices, wrong, fragment)
+def test_step_work_diagnoses(wrong, fragment):
+    expect_error(nb14.check_step_work, wrong, fragment)
 
 
-def test_zigzag_message_claims_equal_work_only_where_it_is(capsys):
-    nb14.check_zigzag_indices(zigzag_right)
+def test_step_work_message_is_the_tables(capsys):
+    """The figures the message prints, recomputed from the right answer and the formulas of the notebook."""
+    nb14.check_step_work(work_right)
     message = capsys.readouterr().out
-    assert "Where 2W divides L every rank computes the same causal work (L=16, W=4: [36, 36, 36, 36]" in message
-    assert "the work differs too (L=11, W=3: [15, 28, 28])" in message
+    c = 64
+    cont, zz = work_right(16 * c, 8, "contiguous"), work_right(16 * c, 8, "zigzag")
+    assert [sum(col) for col in zip(*cont)] == [4 * c * c * (r + 1) for r in range(8)]   # cell 20's formula
+    assert [sum(col) for col in zip(*zz)] == [17 * c * c] * 8                            # (2W + 1) c²
+    assert "a whole block of (2c)² = 16384 scores or nothing, and 28 of the 64 (step, rank) slots are empty" in message
+    assert "3c² = 12288 at step 0 and 2c² = 8192, half a block, at every later step" in message
+
+
+# ----------------------------------------------------------------------------- zigzag_owner
+
+def owner_right(p, L, W):
+    parts = 2 * W
+    size, extra = divmod(L, parts)
+    starts = [c * size + min(c, extra) for c in range(parts + 1)]
+    c = max(i for i in range(parts) if starts[i] <= p)
+    if c < W:
+        return c, p - starts[c]
+    rank = parts - 1 - c
+    return rank, starts[rank + 1] - starts[rank] + p - starts[c]
+
+
+RIGHT["zigzag_owner"] = nb14.check_zigzag_owner, owner_right
+RIGHT["zigzag_owner_search"] = nb14.check_zigzag_owner, lambda p, L, W: next(   # by search over the shards
+    (r, row) for r in range(W) for row, q in enumerate(shard_indices(L, r, W, layout="zigzag").tolist()) if q == p)
+
+
+def _owner(partner, late_offset=True, sizes=None):
+    def fn(p, L, W):
+        parts = 2 * W
+        chunk = sizes(L, parts) if sizes else [L // parts + (i < L % parts) for i in range(parts)]
+        starts = [sum(chunk[:i]) for i in range(parts + 1)]
+        c = max(i for i in range(parts) if starts[i] <= p)
+        if c < W:
+            return c, p - starts[c]
+        rank = partner(c, W)
+        early = chunk[rank] if rank < parts else 0
+        return rank, (early if late_offset else 0) + p - starts[c]
+    return fn
+
+
+def _contiguous_owner(p, L, W):
+    sizes = [L // W + (i < L % W) for i in range(W)]
+    starts = [sum(sizes[:i]) for i in range(W + 1)]
+    r = max(i for i in range(W) if starts[i] <= p)
+    return r, p - starts[r]
+
+
+def _even(L, parts):
+    return [L // parts] * (parts - 1) + [L - (parts - 1) * (L // parts)]
+
+
+@pytest.mark.parametrize("wrong,fragment", [
+    (_contiguous_owner, "contiguous split"),
+    (lambda p, L, W: owner_right(p, L, W)[::-1], "wrong way round"),
+    (lambda p, L, W: (owner_right(p, L, W)[0], p), "not the global position"),
+    (_owner(lambda c, W: c - W), "not to rank c − W"),
+    (_owner(lambda c, W: 2 * W - c), "off by one"),
+    (_owner(lambda c, W: 2 * W - 1 - c, late_offset=False), "add the early chunk's length"),
+    (_owner(lambda c, W: 2 * W - 1 - c, sizes=_even), "one row longer"),
+    (lambda p, L, W: (0, 0), "position 1 is row"),
+    (lambda p, L, W: 0, "pair (rank, row)"),
+])
+def test_zigzag_owner_diagnoses(wrong, fragment):
+    expect_error(nb14.check_zigzag_owner, wrong, fragment)
+
+
+def test_zigzag_owner_message_is_the_layout(capsys):
+    nb14.check_zigzag_owner(owner_right)
+    message = capsys.readouterr().out
+    assert owner_right(36, 37, 4) == (0, 8) and _contiguous_owner(36, 37, 4)[0] == 3
+    assert "the last position, whose logits sample the next token, is row 8 of rank 0" in message
 
 
 # ----------------------------------------------------------------------------- Ulysses and the ring's backward
