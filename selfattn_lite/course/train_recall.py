@@ -29,7 +29,8 @@ come first (first at 3e-3, then 1e-2, then 1e-3), the other seeds once a mixer's
 
 ``--budget`` checks the training budget: every mixer's seed-0 run at its chosen rate again, with twice the
 steps (``BUDGET_STEPS``; the same recipe, so the cosine decay spans the longer run), into
-``data/recall_v2/budget/``. Had the 3,000-step runs stopped improving, the longer run scores the same.
+``data/recall_v2/budget/``; then, the same way, every seed stuck on the plateau at the chosen rate of a mixer where
+another seed left it (``stuck_seeds``). Had the 3,000-step runs stopped improving, the longer run scores the same.
 """
 
 from __future__ import annotations
@@ -261,24 +262,40 @@ def run_sweep(out: Path, steps: int = V2_STEPS, batch: int = BATCH) -> None:
               f"eval {record['accuracy']}", flush=True)
 
 
-def budget_plan(sweep_dir: Path, out: Path) -> list[tuple[str, float]]:
-    """The (mixer, chosen rate) runs of the budget check still missing in ``out``."""
+def stuck_seeds(records: list[dict], mixer: str, lr: float) -> list[int]:
+    """The seeds of ``mixer`` at rate ``lr`` stuck on the plateau (mean validation accuracy below 0.5) while
+    another seed of the same mixer and rate left it (above 0.5): the runs a longer budget might rescue."""
+    means = {r["seed"]: mean_accuracy(r["val"]["accuracy"]) for r in records
+             if r["config"]["mixer"] == mixer and r["recipe"]["lr"] == lr}
+    if not any(m > 0.5 for m in means.values()):
+        return []
+    return sorted(s for s, m in means.items() if m < 0.5)
+
+
+def budget_plan(sweep_dir: Path, out: Path) -> list[tuple[str, float, int]]:
+    """The (mixer, chosen rate, seed) runs of the budget check still missing in ``out``: every mixer's seed 0,
+    then the stuck seeds (``stuck_seeds``) of the mixers where another seed learned."""
     records = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(sweep_dir.glob("*.json"))]
     done = {p.stem for p in out.glob("*.json")}
-    plan = []
-    for m in BUDGET_ORDER:
-        lr = select_lr(records, m)
-        if lr is not None and f"{v2_run_name(m, lr, 0)}_steps{BUDGET_STEPS}" not in done:
-            plan.append((m, lr))
-    return plan
+    chosen = {m: select_lr(records, m) for m in BUDGET_ORDER}
+    runs = [(m, lr, 0) for m, lr in chosen.items() if lr is not None]
+    runs += [(m, lr, s) for m, lr in chosen.items() if lr is not None for s in stuck_seeds(records, m, lr) if s != 0]
+    return [(m, lr, s) for m, lr, s in runs if budget_run_name(m, lr, s) not in done]
 
 
-def run_budget(sweep_dir: Path, batch: int = BATCH) -> None:
+def budget_run_name(mixer: str, lr: float, seed: int) -> str:
+    """attention_lr3e-3_s2_steps6000: a budget-check run's name."""
+    return f"{v2_run_name(mixer, lr, seed)}_steps{BUDGET_STEPS}"
+
+
+def run_budget(sweep_dir: Path, batch: int = BATCH, only_stuck: bool = False) -> None:
     """Train the budget check's runs still missing in ``sweep_dir / "budget"`` (see the module docstring)."""
     out = sweep_dir / "budget"
-    for mixer, lr in budget_plan(sweep_dir, out):
-        name = f"{v2_run_name(mixer, lr, 0)}_steps{BUDGET_STEPS}"
-        model, record = train(v2_config(mixer), 0, steps=BUDGET_STEPS, batch=batch, lr=lr, style=V2_STYLE,
+    for mixer, lr, seed in budget_plan(sweep_dir, out):
+        if only_stuck and seed == 0:
+            continue
+        name = budget_run_name(mixer, lr, seed)
+        model, record = train(v2_config(mixer), seed, steps=BUDGET_STEPS, batch=batch, lr=lr, style=V2_STYLE,
                               name=name, validate=True)
         record["command"] = "OMP_NUM_THREADS=1 python -m selfattn_lite.course.train_recall --budget"
         save(model, record, out)
