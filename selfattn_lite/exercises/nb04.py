@@ -83,7 +83,8 @@ def check_head_contributions(fn) -> None:
         if close(got, _contributions(mha, heads, strided=True)):
             raise ExerciseError("head i's features are the contiguous columns i*dk .. (i+1)*dk - 1, not every h-th")
         if close(got, _contributions(mha, _heads(mha, x, scale=1 / math.sqrt(D)))):
-            raise ExerciseError("you scaled by 1/sqrt(d): each head's dot products have d/h terms, scale by 1/sqrt(d/h)")
+            raise ExerciseError("you scaled by 1/sqrt(d): each head's dot products have d/h terms, "
+                                "scale by 1/sqrt(d/h)")
         if not close(got, expected):
             total = close(got.sum(1) + bias, mha(x)[0])
             raise ExerciseError("the heads' contributions do not match" + (
@@ -116,7 +117,8 @@ def check_ablate_head(fn) -> None:
             raise ExerciseError(f"ablate_head(mha, x, {head}) removed head {others[0]}: head i owns the columns "
                                 "i*dk .. (i+1)*dk - 1 of out_proj.weight")
         if close(got, expected - bias):
-            raise ExerciseError("the bias went too: it is added once after the heads are summed, and belongs to no head")
+            raise ExerciseError("the bias went too: it is added once after the heads are summed, "
+                                "and belongs to no head")
         if close(got, y):
             raise ExerciseError("the output is unchanged: nothing was removed")
         dk = mha.head_dim
