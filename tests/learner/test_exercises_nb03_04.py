@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -136,67 +137,119 @@ def test_cross_attention_wrong_answers(fn, diagnosis):
 # ---------------------------------------------------------------- notebook 04
 
 
-def split_right(x, h):
+def contributions_right(mha, x, *, scale=None, rows=False, strided=False, with_bias=False, transpose_out=False):
+    """Head i's output times its columns of W_O, (B, h, T, d); the keywords plant a learner's mistakes."""
     B, T, d = x.shape
-    return x.view(B, T, h, d // h).transpose(1, 2)
+    h, dk = mha.n_heads, d // mha.n_heads
+    q, k, v = (p(x).view(B, T, h, dk).transpose(1, 2) for p in (mha.q_proj, mha.k_proj, mha.v_proj))
+    scale = 1 / math.sqrt(dk) if scale is None else scale
+    heads = torch.softmax(q @ k.transpose(-2, -1) * scale, dim=-1) @ v               # (B, h, T, dk)
+    W = mha.out_proj.weight                                                          # (d_out, d_in)
+    if rows:
+        out = torch.stack([heads[:, i] @ W[i * dk:(i + 1) * dk, :] for i in range(h)], dim=1)
+    elif strided:
+        out = torch.stack([heads[:, i] @ W[:, i::h].T for i in range(h)], dim=1)
+    else:
+        out = torch.stack([heads[:, i] @ W[:, i * dk:(i + 1) * dk].T for i in range(h)], dim=1)
+    if with_bias:
+        out = out + mha.out_proj.bias
+    return out.transpose(1, 2) if transpose_out else out
 
 
-def merge_right(x):
-    B, h, T, dk = x.shape
-    return x.transpose(1, 2).reshape(B, T, h * dk)
+RIGHT["head_contributions"] = nb04.check_head_contributions, contributions_right
 
 
-RIGHT["split_heads"] = nb04.check_split_heads, split_right
-
-
-@pytest.mark.parametrize("fn, diagnosis", [
-    (lambda x, h: x.view(*x.shape[:2], h, -1), "transpose"),
-    (lambda x, h: x.reshape(x.shape[0], h, x.shape[1], -1), "cuts the sequence"),
-    (lambda x, h: x.view(*x.shape[:2], -1, h).permute(0, 3, 1, 2), "every h-th column"),
-    (lambda x, h: split_right(x, h) + 1, "head i, token t"),
-    (lambda x, h: x, r"shape \(2, 3, 5, 4\)"),
-])
-def test_split_heads_wrong_answers(fn, diagnosis):
-    with pytest.raises(ExerciseError, match=diagnosis):
-        nb04.check_split_heads(fn)
-
-
-RIGHT["merge_heads"] = nb04.check_merge_heads, merge_right
-
-
-@pytest.mark.parametrize("fn, diagnosis", [
-    (lambda x: x.transpose(1, 2), "flatten the last two dims"),
-    (lambda x: x.reshape(x.shape[0], x.shape[2], -1), "mixes tokens"),
-    (lambda x: merge_right(x) * 0, "concatenation"),
-])
-def test_merge_heads_wrong_answers(fn, diagnosis):
-    with pytest.raises(ExerciseError, match=diagnosis):
-        nb04.check_merge_heads(fn)
-
-
-def mha_right(x, W_q, W_k, W_v, W_o, h, *, scale=None, use_w_o=True, one_head=False, softmax_dim=-1):
-    if one_head:
-        h = 1
-    q, k, v = split_right(x @ W_q, h), split_right(x @ W_k, h), split_right(x @ W_v, h)
-    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
-    w = torch.softmax(q @ k.transpose(-2, -1) * scale, dim=softmax_dim)
-    y = merge_right(w @ v)
-    return y @ W_o if use_w_o else y
-
-
-RIGHT["multi_head_attention"] = nb04.check_multi_head_attention, mha_right
+def test_head_contributions_sum_to_the_module():
+    mha, x = nb04._module(), nb04._input()
+    with torch.no_grad():
+        torch.testing.assert_close(contributions_right(mha, x).sum(1) + mha.out_proj.bias, mha(x)[0])
 
 
 @pytest.mark.parametrize("kwargs, diagnosis", [
-    (dict(use_w_o=False), "W_o is missing"),
+    (dict(with_bias=True), "every head carries out_proj.bias"),
+    (dict(rows=True), "rows of out_proj.weight"),
+    (dict(strided=True), "contiguous columns"),
     (dict(scale=1 / math.sqrt(12)), r"1/sqrt\(d\)"),
-    (dict(one_head=True), "one wide head"),
-    (dict(scale=1.0), "not scaled"),
-    (dict(softmax_dim=-2), "softmax dim"),
+    (dict(transpose_out=True), "head dim second"),
 ])
-def test_multi_head_attention_wrong_answers(kwargs, diagnosis):
+def test_head_contributions_wrong_answers(kwargs, diagnosis):
     with pytest.raises(ExerciseError, match=diagnosis):
-        nb04.check_multi_head_attention(lambda *args: mha_right(*args, **kwargs))
+        nb04.check_head_contributions(lambda mha, x: contributions_right(mha, x, **kwargs))
+
+
+def test_head_contributions_that_change_the_module_are_caught():
+    def in_place(mha, x):
+        with torch.no_grad():
+            mha.out_proj.bias.zero_()
+        return contributions_right(mha, x)
+
+    with pytest.raises(ExerciseError, match="changed mha.out_proj.bias"):
+        nb04.check_head_contributions(in_place)
+
+
+def test_head_contributions_before_w_o_are_named():
+    def before_w_o(mha, x):
+        B, T, d = x.shape
+        q, k, v = (p(x).view(B, T, mha.n_heads, -1).transpose(1, 2) for p in (mha.q_proj, mha.k_proj, mha.v_proj))
+        return torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1) @ v
+
+    with pytest.raises(ExerciseError, match="before W_O"):
+        nb04.check_head_contributions(before_w_o)
+
+
+def ablate_right(mha, x, head):
+    return mha(x)[0] - contributions_right(mha, x)[:, head]
+
+
+def ablate_copy(mha, x, head):
+    """The other right answer: a copy of the module with the head's columns of W_O zeroed."""
+    dk = mha.head_dim
+    copy_ = copy.deepcopy(mha)
+    with torch.no_grad():
+        copy_.out_proj.weight[:, head * dk:(head + 1) * dk] = 0
+    return copy_(x)[0]
+
+
+RIGHT["ablate_head"] = nb04.check_ablate_head, ablate_right
+RIGHT["ablate_head_by_copy"] = nb04.check_ablate_head, ablate_copy
+
+
+def ablate_in_place(mha, x, head):
+    dk = mha.head_dim
+    with torch.no_grad():
+        mha.out_proj.weight[:, head * dk:(head + 1) * dk] = 0
+    return mha(x)[0]
+
+
+def ablate_rows(mha, x, head):
+    dk = mha.head_dim
+    copy_ = copy.deepcopy(mha)
+    with torch.no_grad():
+        copy_.out_proj.weight[head * dk:(head + 1) * dk, :] = 0
+    return copy_(x)[0]
+
+
+def ablate_zero_queries(mha, x, head):
+    dk = mha.head_dim
+    copy_ = copy.deepcopy(mha)
+    with torch.no_grad():
+        copy_.q_proj.weight[head * dk:(head + 1) * dk, :] = 0
+        copy_.q_proj.bias[head * dk:(head + 1) * dk] = 0
+    return copy_(x)[0]
+
+
+@pytest.mark.parametrize("fn, diagnosis", [
+    (ablate_in_place, "changed mha.out_proj.weight"),
+    (lambda mha, x, head: ablate_right(mha, x, head - 1), "removed head"),
+    (lambda mha, x, head: ablate_right(mha, x, head) - mha.out_proj.bias, "the bias went too"),
+    (lambda mha, x, head: mha(x)[0], "unchanged"),
+    (ablate_rows, "zeroed rows"),
+    (ablate_zero_queries, "zero queries"),
+    (lambda mha, x, head: ablate_right(mha, x, head) * 2, "minus head"),
+])
+def test_ablate_head_wrong_answers(fn, diagnosis):
+    with pytest.raises(ExerciseError, match=diagnosis):
+        nb04.check_ablate_head(fn)
 
 
 test_right_and_not_attempted = right_and_not_attempted_test(RIGHT, stub)
