@@ -45,8 +45,7 @@ PLANTED = {
         ("answer_3", "dim=-1", "dim=0", "softmax ran over the queries (dim=0)"),
     ],
     "08_efficient_attention": [
-        ("answer_1", "l1 * torch.exp(m1 - m) + l2 * torch.exp(m2 - m)", "l1 + l2",
-         "l = l1 + l2 adds sums taken against different maxima"),
+        ("answer_1", "l = l * scale + p.sum(-1)", "l = l + p.sum(-1)", "rescale the running sum l"),
     ],
     "13_serving_the_cache": [
         ("answer_2", '"bhln,hnc->bhlc"', '"bhln,hnc->blc"', "a matrix is contracted over the wrong axis"),
