@@ -46,8 +46,8 @@ from pathlib import Path
 import nbformat
 
 __all__ = ["WORDS_PER_MINUTE", "LINES_PER_MINUTE", "FIGURE_MINUTES", "EXERCISE_MINUTES", "TOLERANCE",
-           "TOLERANCE_MINUTES", "RUN_SECONDS", "Estimate", "count_words", "estimate", "estimate_cells", "sections", "stated",
-           "parse_stated", "stated_times", "measure", "report", "main"]
+           "TOLERANCE_MINUTES", "RUN_SECONDS", "Estimate", "count_words", "estimate", "estimate_cells", "sections",
+           "stated", "parse_stated", "stated_times", "measure", "report", "main"]
 
 WORDS_PER_MINUTE = 100      # technical prose with math and tables
 LINES_PER_MINUTE = 15       # code read, not written: four seconds a line
@@ -257,7 +257,8 @@ def report(folder: Path = ROOT / "notebooks") -> list[dict]:
     print(f"prose at {WORDS_PER_MINUTE} words/min, code at {LINES_PER_MINUTE} lines/min, "
           f"{FIGURE_MINUTES} min per figure, {EXERCISE_MINUTES} min per exercise (unless its cell says), "
           f"run time measured ({record.get('machine', 'not measured')})")
-    header = f"{'notebook':<32} {'words':>6} {'lines':>6} {'figs':>5} {'run s':>6} {'ex':>3} {'min':>6}  stated (estimate)"
+    header = (f"{'notebook':<32} {'words':>6} {'lines':>6} {'figs':>5} {'run s':>6} {'ex':>3} {'min':>6}"
+              "  stated (estimate)")
     print(header + "\n" + "-" * len(header))
     rows = []
     for path in _notebooks(folder):

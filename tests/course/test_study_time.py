@@ -10,9 +10,22 @@ from helpers import NOTEBOOKS, ROOT
 
 from selfattn_lite.course import study_time
 from selfattn_lite.course.study_time import (
-    COMMAND, EXERCISE_MINUTES, FIGURE_MINUTES, LINES_PER_MINUTE, RUN_SECONDS, TOLERANCE, TOLERANCE_MINUTES,
+    COMMAND,
+    EXERCISE_MINUTES,
+    FIGURE_MINUTES,
+    LINES_PER_MINUTE,
+    RUN_SECONDS,
+    TOLERANCE,
+    TOLERANCE_MINUTES,
     WORDS_PER_MINUTE,
-    count_words, estimate, estimate_cells, parse_stated, sections, stated, stated_times)
+    count_words,
+    estimate,
+    estimate_cells,
+    parse_stated,
+    sections,
+    stated,
+    stated_times,
+)
 
 PARTS = {"Part I (01-10)": range(1, 11), "Part II (11-15)": range(11, 16), "Part III (16)": range(16, 17)}
 

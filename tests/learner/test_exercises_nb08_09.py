@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 from helpers import expect_error, right_and_not_attempted_test
 
-from selfattn_lite.course.memory import peak_memory
 from selfattn_lite import efficient as nb08_efficient
+from selfattn_lite.course.memory import peak_memory
 from selfattn_lite.exercises import nb08, nb09
 
 
