@@ -45,8 +45,7 @@ PLANTED = {
         ("answer_3", "dim=-1", "dim=0", "softmax ran over the queries (dim=0)"),
     ],
     "08_efficient_attention": [
-        ("answer_1", "l1 * torch.exp(m1 - m) + l2 * torch.exp(m2 - m)", "l1 + l2",
-         "l = l1 + l2 adds sums taken against different maxima"),
+        ("answer_1", "l = l * scale + p.sum(-1)", "l = l + p.sum(-1)", "rescale the running sum l"),
     ],
     "12_context_extension": [
         ("answer_1", "** ((head_dim - 2) / (2 * i))", "** (2 * i / (head_dim - 2))", "upside down: pair i is slowed"),

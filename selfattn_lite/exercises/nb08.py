@@ -1,5 +1,5 @@
-"""Checkers for notebook 08: merging online-softmax statistics, counting tiles, a sliding-window
-mask, causal linear attention as a recurrence, and the causal tiled loop itself."""
+"""Checkers for notebook 08: the causal tiled loop (lesson 1); the tiles of a sliding-window kernel and causal
+linear attention as a recurrence (lesson 2)."""
 
 from __future__ import annotations
 
@@ -10,123 +10,76 @@ import torch.nn.functional as F
 
 from . import ExerciseError, NotAttempted, attempt, close, not_attempted, passed, require_tensor
 
-__all__ = ["check_merge_stats", "check_tile_count", "check_window_mask", "check_causal_linear_attention",
-           "check_causal_tiled"]
+__all__ = ["check_causal_tiled", "check_window_tiles", "check_causal_linear_attention"]
 
 
-def _merge_reference(m1, l1, m2, l2):
-    m = torch.maximum(m1, m2)
-    safe = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
-    return m, l1 * torch.exp(m1 - safe) + l2 * torch.exp(m2 - safe)
-
-
-def check_merge_stats(fn) -> None:
-    """``fn(m1, l1, m2, l2) -> (m, l)``: the running max and sum of two chunks of a score row.
-
-    (m_c, l_c) are max(x_c) and sum(exp(x_c - m_c)) of chunk c; (m, l) must be those of both
-    chunks together. Tensors of shape (R,), one entry per row.
-    """
-    gen = torch.Generator().manual_seed(8)
-    x1, x2 = torch.randn(6, 4, generator=gen), torch.randn(6, 5, generator=gen)
-    x2[:3] += 10.0                   # rows 0-2: chunk 2 has the larger max; rows 3-5: chunk 1 has it
-    x1[3:] += 10.0
-    m1, m2 = x1.amax(-1), x2.amax(-1)
-    l1, l2 = torch.exp(x1 - m1[:, None]).sum(-1), torch.exp(x2 - m2[:, None]).sum(-1)
-    try:
-        result = attempt(fn, m1.clone(), l1.clone(), m2.clone(), l2.clone())
-    except NotAttempted:
-        return not_attempted("merge_stats")
-    if not isinstance(result, tuple) or len(result) != 2:
-        raise ExerciseError("return a pair (m, l)")
-    m, l = (require_tensor(name, t, (6,)) for name, t in zip(("m", "l"), result, strict=True))
-    whole = torch.cat([x1, x2], dim=-1)
-    want_m, want_l = whole.amax(-1), torch.exp(whole - whole.amax(-1, keepdim=True)).sum(-1)
-    if close(m, torch.minimum(m1, m2)):
-        raise ExerciseError("m is the smaller of the two maxima: the running max is max(m1, m2)")
-    if not close(m, want_m):
-        raise ExerciseError("m should be the max of the whole row, max(m1, m2)")
-    if close(l, l1 + l2):
-        raise ExerciseError("l = l1 + l2 adds sums taken against different maxima: rescale each by "
-                            "exp(m_c - m) first")
-    if close(l[:3], want_l[:3]) != close(l[3:], want_l[3:]):
-        raise ExerciseError("right only when one particular chunk holds the max: rescale *both* sums, "
-                            "l = l1 * exp(m1 - m) + l2 * exp(m2 - m)")
-    if close(l, l1 * torch.exp(m - m1) + l2 * torch.exp(m - m2)):
-        raise ExerciseError("the rescale factor is upside down: exp(m_c - m) (<= 1), not exp(m - m_c)")
-    if not close(l, want_l):
-        raise ExerciseError("l should equal sum(exp(x - m)) over both chunks: l1 * exp(m1 - m) + l2 * exp(m2 - m)")
-    # an empty chunk (no key yet: m = -inf, l = 0) must leave the other unchanged, without NaN
-    ninf = torch.full((6,), float("-inf"))
-    m_e, l_e = attempt(fn, ninf, torch.zeros(6), m2.clone(), l2.clone())
-    if not (torch.isfinite(torch.as_tensor(l_e)).all() and close(m_e, m2) and close(l_e, l2)):
-        raise ExerciseError("merging with an empty chunk (m1 = -inf, l1 = 0) should give (m2, l2); yours gives "
-                            "NaN or changes it. exp(-inf - m) is 0 as long as m is finite")
-    return passed("(m, l) of two chunks merged exactly: l = l1·exp(m1 − m) + l2·exp(m2 − m)")
-
-
-def _tiles(n: int, block: int, is_causal: bool) -> int:
+def _window_tiles(n: int, window: int, block: int, *, causal: bool = True) -> int:
+    """Tiles (square, of ``block``) holding at least one pair 0 <= i - j < window; |i - j| < window if not causal."""
     t = math.ceil(n / block)
-    return t * (t + 1) // 2 if is_causal else t * t
+    count = 0
+    for a in range(t):
+        r0, r1 = a * block, min(a * block + block, n) - 1
+        for b in range(t):
+            c0, c1 = b * block, min(b * block + block, n) - 1
+            ahead = 0 if causal else window - 1           # how far after its query a key may be
+            if c0 - r1 <= ahead and r0 - c1 < window:
+                count += 1
+    return count
 
 
-def check_tile_count(fn) -> None:
-    """``fn(n, block_size, is_causal) -> int``: tiles a tiled kernel computes for n queries = n keys."""
-    cases = [(16, 4, False), (16, 4, True), (10, 4, False), (10, 4, True), (4096, 512, True), (1000, 128, True),
-             (5, 8, True)]
+def check_window_tiles(fn) -> None:
+    """``fn(n, window, block_size) -> int``: the tiles a causal sliding-window kernel computes.
+
+    n queries and n keys in square tiles of ``block_size`` (the last one partial when it does not divide
+    n); query i sees keys i - window + 1 .. i. A tile is computed when it holds at least one such pair.
+    Counted without ``efficient.tile_plan`` (it is switched off while the checker runs).
+    """
+    from .. import efficient
+
+    cases = [(64, 9, 8), (100, 10, 16), (17, 5, 3), (10, 1, 4), (10, 20, 4), (1000, 100, 128), (4096, 512, 256)]
+
+    def no_plan(*args, **kwargs):
+        raise ExerciseError("count the tiles yourself: efficient.tile_plan is the answer, not a way to it")
+
+    saved, efficient.tile_plan = efficient.tile_plan, no_plan
     try:
-        attempt(fn, 16, 4, False)
-    except NotAttempted:
-        return not_attempted("tiles_computed")
-    for n, block, causal in cases:
-        got = attempt(fn, n, block, causal)
-        if isinstance(got, torch.Tensor):
-            got = got.item()
-        want = _tiles(n, block, causal)
-        if got == want:
-            continue
-        floor_t = n // block
-        if causal and got == _tiles(n, block, False):
-            raise ExerciseError(f"n={n}, block={block}, causal: you counted every tile ({got}); tiles entirely above "
-                                "the diagonal are skipped")
-        if got in (floor_t * floor_t, floor_t * (floor_t + 1) // 2) and n % block:
-            raise ExerciseError(f"n={n}, block={block}: the last, partial tile is missing; there are "
-                                f"ceil(n / block) = {math.ceil(n / block)} tiles per side, not n // block")
-        t = math.ceil(n / block)
-        if causal and got in (t * t // 2, t * (t - 1) // 2):
-            raise ExerciseError(f"n={n}, block={block}, causal: {got} leaves out the diagonal tiles; they are "
-                                "computed (with a mask): T(T+1)/2 for T tiles per side")
-        raise ExerciseError(f"n={n}, block={block}, is_causal={causal}: expected {want} tiles, got {got}")
-    return passed("T = ceil(n / block) tiles per side: T² in all, T(T+1)/2 when causal")
-
-
-def check_window_mask(fn) -> None:
-    """``fn(n, window) -> (n, n) bool``: causal sliding window, True = may attend, ``window`` keys each."""
-    try:
-        got = attempt(fn, 7, 3)
-    except NotAttempted:
-        return not_attempted("window_mask")
-    got = require_tensor("window_mask(7, 3)", got, (7, 7))
-    i, j = torch.arange(7)[:, None], torch.arange(7)[None, :]
-    want = (j <= i) & (i - j < 3)
-    if got.dtype != torch.bool:
-        raise ExerciseError(f"return a bool mask (True = may attend), got dtype {got.dtype}")
-    if torch.equal(got, ~want):
-        raise ExerciseError("polarity is flipped: True must mean 'may attend' (torch SDPA's convention)")
-    if torch.equal(got, (j <= i) & (i - j <= 3)):
-        raise ExerciseError("each query sees window + 1 keys: use i - j < window (itself and window - 1 before it)")
-    if torch.equal(got, (j <= i) & (i - j < 2)):
-        raise ExerciseError("each query sees window - 1 keys: query i sees keys i - window + 1 .. i")
-    if torch.equal(got, (i - j).abs() < 3):
-        raise ExerciseError("your window looks ahead too: a causal window also needs j <= i")
-    if torch.equal(got, j <= i):
-        raise ExerciseError("that is the plain causal mask: also drop keys window or more positions back")
-    if not torch.equal(got, want):
-        raise ExerciseError(f"expected query i to see keys i-2..i for window=3; row 5 should be "
-                            f"{want[5].int().tolist()}, yours is {got[5].int().tolist()}")
-    if not torch.equal(attempt(fn, 12, 5), (torch.arange(12)[None] <= torch.arange(12)[:, None])
-                       & (torch.arange(12)[:, None] - torch.arange(12)[None] < 5)):
-        raise ExerciseError("right for window_mask(7, 3) but not for window_mask(12, 5): use n and window")
-    return passed("a causal sliding window: query i sees keys i − window + 1 .. i")
+        try:
+            attempt(fn, 64, 9, 8)
+        except NotAttempted:
+            return not_attempted("window_tiles")
+        for n, window, block in cases:
+            got = attempt(fn, n, window, block)
+            if isinstance(got, torch.Tensor) and got.numel() == 1:
+                got = got.item()
+            if not isinstance(got, int) or isinstance(got, bool):
+                raise ExerciseError(f"return a whole number of tiles (an int), got {type(got).__name__}")
+            want = _window_tiles(n, window, block)
+            if got == want:
+                continue
+            t, t_floor = math.ceil(n / block), n // block
+            where = f"n={n}, window={window}, block_size={block}"
+            if got == t * (t + 1) // 2:
+                raise ExerciseError(f"{where}: {got} is every causal tile; a tile whose nearest pair is window or "
+                                    "more positions apart holds no key any of its queries may see: skip it too")
+            if got == _window_tiles(n, window, block, causal=False):
+                raise ExerciseError(f"{where}: your window looks ahead too (|i - j| < window); a causal window only "
+                                    "reaches back, keys i - window + 1 .. i")
+            if got == _window_tiles(n, window + 1, block):
+                raise ExerciseError(f"{where}: you counted a window of window + 1 keys: query i sees i - window + 1 "
+                                    "through i, so a tile is needed when its smallest i - j is below window")
+            if n % block and got == _window_tiles(t_floor * block, window, block):
+                raise ExerciseError(f"{where}: the last, partial tile row and column are missing: there are "
+                                    f"ceil(n / block) = {t} tiles per side")
+            if got == 2 * t - 1:
+                raise ExerciseError(f"{where}: 2T - 1 (the diagonal and the tile before it) holds only while the "
+                                    "window reaches at most one tile back; here it reaches further (or, with "
+                                    "window 1, not at all)")
+            raise ExerciseError(f"{where}: expected {want} tiles, got {got}. A tile (rows r0..r1, keys c0..c1) is "
+                                "computed when some query sees some key in it: c0 <= r1 and r0 - c1 < window")
+    finally:
+        efficient.tile_plan = saved
+    return passed(f"a tile is computed when c0 <= r1 and r0 - c1 < window; at n = 4096, blocks of 256, window 512: "
+                  f"{_window_tiles(4096, 512, 256)} of the {16 * 17 // 2} causal tiles")
 
 
 def _phi(x):

@@ -22,6 +22,7 @@ COMMANDS = {
     "course.explorer_data": ("write", "selfattn_lite.course.explorer_data", (".",)),
     "course.figures": ("make_all", "selfattn_lite.course.figures", ("figures",)),
     "course.distributed_cli": ("self_check", "selfattn_lite.course.distributed_cli", (2,)),
+    "course.study_time": ("report", "selfattn_lite.course.study_time", ("notebooks",)),
 }
 
 

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from helpers import expect_error, right_and_not_attempted_test
 
+from selfattn_lite import efficient as nb08_efficient
 from selfattn_lite.course.memory import peak_memory
 from selfattn_lite.exercises import nb08, nb09
 
@@ -18,79 +19,70 @@ def stub(*args, **kwargs):
 RIGHT = {}          # test id -> (checker, a right answer); each exercise below adds its own
 
 
-# ----------------------------------------------------------------------------- nb08: merge_stats
+# ----------------------------------------------------------------------------- nb08: window_tiles
 
-def merge_right(m1, l1, m2, l2):
-    m = torch.maximum(m1, m2)
-    return m, l1 * torch.exp(m1 - m) + l2 * torch.exp(m2 - m)
-
-
-RIGHT["merge_stats"] = nb08.check_merge_stats, merge_right
-
-
-@pytest.mark.parametrize("wrong,fragment", [
-    (lambda m1, l1, m2, l2: (torch.maximum(m1, m2), l1 + l2), "l = l1 + l2"),
-    (lambda m1, l1, m2, l2: (torch.minimum(m1, m2), l1 + l2), "smaller of the two maxima"),
-    (lambda m1, l1, m2, l2: (torch.maximum(m1, m2), l1 * torch.exp(m1 - torch.maximum(m1, m2)) + l2), "*both*"),
-    (lambda m1, l1, m2, l2: (torch.maximum(m1, m2), l1 * torch.exp(torch.maximum(m1, m2) - m1)
-                             + l2 * torch.exp(torch.maximum(m1, m2) - m2)), "upside down"),
-    (lambda m1, l1, m2, l2: (m1, l1), "max of the whole row"),
-    (lambda m1, l1, m2, l2: torch.maximum(m1, m2), "pair (m, l)"),
-])
-def test_merge_stats_diagnoses(wrong, fragment):
-    expect_error(nb08.check_merge_stats, wrong, fragment)
-
-
-def test_merge_stats_empty_chunk_nan():
-    def nan_on_empty(m1, l1, m2, l2):
-        m = torch.maximum(m1, m2)
-        return m, l1 * torch.exp(m1 - m) + l2 * torch.exp(m2 - m) + 0 * m1   # 0 * -inf = NaN
-    expect_error(nb08.check_merge_stats, nan_on_empty, "empty chunk")
-
-
-# ----------------------------------------------------------------------------- nb08: tiles_computed
-
-def tiles_right(n, block, is_causal):
+def window_tiles_right(n, window, block):
+    """Loop over tile pairs: computed when some query i sees some key j, 0 <= i - j < window."""
     t = math.ceil(n / block)
-    return t * (t + 1) // 2 if is_causal else t * t
+    count = 0
+    for a in range(t):
+        r0, r1 = a * block, min(a * block + block, n) - 1
+        for b in range(t):
+            c0, c1 = b * block, min(b * block + block, n) - 1
+            count += c0 <= r1 and r0 - c1 < window
+    return count
 
 
-RIGHT["tile_count"] = nb08.check_tile_count, tiles_right
-
-
-@pytest.mark.parametrize("wrong,fragment", [
-    (lambda n, b, c: math.ceil(n / b) ** 2, "counted every tile"),
-    (lambda n, b, c: (n // b) * (n // b + 1) // 2 if c else (n // b) ** 2, "partial tile is missing"),
-    (lambda n, b, c: math.ceil(n / b) * (math.ceil(n / b) - 1) // 2 if c else math.ceil(n / b) ** 2,
-     "diagonal tiles"),
-    (lambda n, b, c: n * n // (b * b) + 7, "expected"),
-])
-def test_tile_count_diagnoses(wrong, fragment):
-    expect_error(nb08.check_tile_count, wrong, fragment)
-
-
-# ----------------------------------------------------------------------------- nb08: window_mask
-
-def window_right(n, w):
+def window_tiles_from_mask(n, window, block):
+    """Another right answer: build the band mask and ask each tile whether it holds a True."""
     i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
-    return (j <= i) & (i - j < w)
+    band = (j <= i) & (i - j < window)
+    return sum(bool(band[r:r + block, c:c + block].any()) for r in range(0, n, block) for c in range(0, n, block))
 
 
-RIGHT["window_mask"] = nb08.check_window_mask, window_right
+RIGHT["window_tiles"] = nb08.check_window_tiles, window_tiles_right
+RIGHT["window_tiles_from_mask"] = nb08.check_window_tiles, window_tiles_from_mask
+
+
+def two_sided(n, window, block):
+    t = math.ceil(n / block)
+    return sum((b * block - (min(a * block + block, n) - 1) <= window - 1)
+               and (a * block - (min(b * block + block, n) - 1) < window) for a in range(t) for b in range(t))
 
 
 @pytest.mark.parametrize("wrong,fragment", [
-    (lambda n, w: ~window_right(n, w), "polarity"),
-    (lambda n, w: window_right(n, w + 1), "window + 1 keys"),
-    (lambda n, w: window_right(n, w - 1), "window - 1 keys"),
-    (lambda n, w: (torch.arange(n)[:, None] - torch.arange(n)[None, :]).abs() < w, "looks ahead"),
-    (lambda n, w: torch.ones(n, n, dtype=torch.bool).tril(), "plain causal"),
-    (lambda n, w: window_right(n, w).int(), "bool"),
-    (lambda n, w: window_right(7, 3), "window_mask(12, 5)"),
-    (lambda n, w: window_right(n, w)[:, :-1], "shape"),
+    (lambda n, w, b: math.ceil(n / b) * (math.ceil(n / b) + 1) // 2, "every causal tile"),
+    (two_sided, "looks ahead"),
+    (lambda n, w, b: window_tiles_right(n, w + 1, b), "window + 1 keys"),
+    (lambda n, w, b: window_tiles_right(n // b * b, w, b), "partial tile"),
+    (lambda n, w, b: 2 * math.ceil(n / b) - 1, "2T - 1"),
+    (lambda n, w, b: window_tiles_right(n, w, b) + 1, "expected"),
+    (lambda n, w, b: float(window_tiles_right(n, w, b)), "an int"),
+    (lambda n, w, b: int((nb08_efficient.tile_plan(n, block_size=b, is_causal=True, window=w) != 0).sum()),
+     "count the tiles yourself"),
 ])
-def test_window_mask_diagnoses(wrong, fragment):
-    expect_error(nb08.check_window_mask, wrong, fragment)
+def test_window_tiles_diagnoses(wrong, fragment):
+    expect_error(nb08.check_window_tiles, wrong, fragment)
+
+
+def test_window_tiles_gives_tile_plan_back():
+    from selfattn_lite import efficient
+
+    saved = efficient.tile_plan
+    nb08.check_window_tiles(window_tiles_right)
+    assert efficient.tile_plan is saved
+    with pytest.raises(nb08.ExerciseError):
+        nb08.check_window_tiles(lambda n, w, b: 0)
+    assert efficient.tile_plan is saved          # restored after a failed answer too
+
+
+def test_window_tiles_reference_is_tile_plan():
+    """The checker's count is the package's plan: tile_plan with a window, causal, non-skipped tiles."""
+    from selfattn_lite import efficient
+
+    for n, w, b in [(64, 9, 8), (100, 10, 16), (17, 5, 3), (10, 1, 4), (10, 20, 4), (1000, 100, 128), (33, 8, 8)]:
+        plan = efficient.tile_plan(n, block_size=b, is_causal=True, window=w)
+        assert nb08._window_tiles(n, w, b) == int((plan != efficient.SKIP).sum()) == window_tiles_right(n, w, b)
 
 
 # ----------------------------------------------------------------------------- nb08: causal_linear_attn
