@@ -8,7 +8,10 @@ puts, idempotently, into each ``NN_*.ipynb``:
   with ``# NN · Title``): "launch on Binder" and "open in Colab", both for that notebook;
 * a second cell, a code cell tagged ``colab-setup``, that sets ``OMP_WAIT_POLICY=PASSIVE`` before
   torch is imported (whatever started the kernel: make, conda, Binder, Colab) and installs the
-  course package when the notebook runs in Google Colab; it prints nothing.
+  course package when the notebook runs in Google Colab; it prints nothing;
+* every exercise's solution cell (tagged ``solution``) collapsed (``metadata.jupyter.source_hidden``):
+  JupyterLab (and so Binder) opens it folded under its stub, so a learner sees the exercise, not
+  its answer, until they click it open (``make student`` removes the solutions altogether).
 
 Running it twice changes nothing the second time. The repository the badges point at is
 ``REPO``, defined here only.
@@ -22,7 +25,8 @@ from pathlib import Path
 
 import nbformat
 
-__all__ = ["REPO", "BRANCH", "binder_url", "colab_url", "badge_line", "COLAB_SETUP", "add_badges", "apply"]
+__all__ = ["REPO", "BRANCH", "binder_url", "colab_url", "badge_line", "COLAB_SETUP", "add_badges", "apply",
+           "SOLUTION_TAG"]
 
 # The GitHub repository "owner/name" the badges open. A placeholder until the course has its
 # canonical public home: change it here (and only here), then re-run `make badges`.
@@ -74,6 +78,9 @@ def badge_line(name: str) -> str:
             f"[![Open in Colab]({COLAB_BADGE})]({colab_url(name)})")
 
 
+SOLUTION_TAG = "solution"
+
+
 def _tags(cell) -> list[str]:
     return cell.get("metadata", {}).get("tags", [])
 
@@ -103,6 +110,9 @@ def add_badges(nb: nbformat.NotebookNode, name: str) -> nbformat.NotebookNode:
         cell = nbformat.v4.new_code_cell(COLAB_SETUP, metadata={"tags": [SETUP_TAG]})
         cell["id"] = "colab-setup"
     nb.cells.insert(1, cell)
+    for c in nb.cells:
+        if SOLUTION_TAG in _tags(c):
+            c.metadata.setdefault("jupyter", {})["source_hidden"] = True
     return nb
 
 
@@ -122,7 +132,9 @@ def apply(folder: str | Path = "notebooks") -> list[Path]:
 def has_badges(nb: nbformat.NotebookNode, name: str) -> bool:
     """True when ``nb`` carries this notebook's badge line and the Colab setup cell second."""
     return (badge_line(name) in nb.cells[0].source.split("\n") and len(nb.cells) > 1
-            and SETUP_TAG in _tags(nb.cells[1]) and nb.cells[1].source == COLAB_SETUP)
+            and SETUP_TAG in _tags(nb.cells[1]) and nb.cells[1].source == COLAB_SETUP
+            and all(c.metadata.get("jupyter", {}).get("source_hidden") for c in nb.cells
+                    if SOLUTION_TAG in _tags(c)))
 
 
 BADGE_RE = re.compile(r"\[!\[([^\]]*)\]\([^)]*\)\]\(([^)]*)\)")

@@ -118,3 +118,17 @@ def test_every_notebook_has_its_badges(path):
 def test_readme_badge_points_at_the_same_repository():
     readme = (ROOT / "README.md").read_text()
     assert f"https://mybinder.org/v2/gh/{badges.REPO}/{badges.BRANCH}" in readme
+
+
+def test_solutions_are_folded_under_their_stub():
+    nb = _notebook()
+    stub = nbformat.v4.new_code_cell("def f():\n    raise NotImplementedError", metadata={"tags": ["exercise"]})
+    solution = nbformat.v4.new_code_cell("def f():\n    return 1", metadata={"tags": ["solution"]})
+    nb.cells += [stub, solution]
+    assert not badges.has_badges(nb, "07_x.ipynb")
+    done = badges.add_badges(nb, "07_x.ipynb")
+    folded = [c for c in done.cells if c.metadata.get("jupyter", {}).get("source_hidden")]
+    assert [c.source for c in folded] == [solution.source]          # the solution only, not the stub
+    assert badges.has_badges(done, "07_x.ipynb")
+    done.cells[-1].metadata["jupyter"]["source_hidden"] = False
+    assert not badges.has_badges(done, "07_x.ipynb")                 # an unfolded solution is reported
