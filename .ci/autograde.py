@@ -41,8 +41,9 @@ PLANTED = {
          "the weights match softmax(Q K^T) without scaling: divide the scores by sqrt(dk)"),
     ],
     "03_masks_and_cross_attention": [
-        ("answer_2", "return torch.ones(", "return ~torch.ones(", "the polarity is flipped"),
-        ("answer_3", "dim=-1", "dim=0", "softmax ran over the queries (dim=0)"),
+        ("answer_2", "k_pos[None, :] <= q_pos", "k_pos[None, :] < q_pos", "off by one: a token may attend to itself"),
+        ("answer_3", "torch.softmax(scores.masked_fill(fully_masked, 0.0), dim=-1)", "torch.softmax(scores, dim=-1)",
+         "the forward pass is right but the gradient is NaN"),
     ],
     "08_efficient_attention": [
         ("answer_1", "l = l * scale + p.sum(-1)", "l = l + p.sum(-1)", "rescale the running sum l"),

@@ -1,20 +1,14 @@
-"""Checkers for notebook 03: a combined causal + padding mask, the decoding mask, cross-attention."""
+"""Checkers for notebook 03: the left-padded generation mask, a causal mask from positions, a safe softmax."""
 
 from __future__ import annotations
 
-import math
+import types
 
 import torch
 
 from . import ExerciseError, NotAttempted, attempt, close, not_attempted, passed, require_tensor
 
-__all__ = ["check_causal_padding_mask", "check_decode_mask", "check_cross_attention"]
-
-
-def _reference_causal_padding(lengths: list[int], T: int) -> torch.Tensor:
-    causal = torch.ones(T, T, dtype=torch.bool).tril()                    # (T, T)
-    real = torch.arange(T)[None, :] < torch.tensor(lengths)[:, None]       # (B, T) True = real token
-    return causal[None] & real[:, None, :]                                 # (B, T, T)
+__all__ = ["check_left_padded_mask", "check_mask_from_positions", "check_safe_softmax"]
 
 
 def _require_bool(name: str, mask, shape) -> torch.Tensor:
@@ -26,100 +20,200 @@ def _require_bool(name: str, mask, shape) -> torch.Tensor:
     return mask
 
 
-def check_causal_padding_mask(fn) -> None:
-    """``fn(lengths, T)`` -> (B, T, T) bool: query i may attend to key j iff j <= i and key j is real."""
-    lengths, T = [4, 2, 5], 5
+def _names_used(fn) -> set[str]:
+    """Every global or attribute name the function's code (and the code nested in it) refers to."""
+    todo = [fn.__code__] if hasattr(fn, "__code__") else []
+    names = set()
+    while todo:
+        code = todo.pop()
+        names |= set(code.co_names)
+        todo += [c for c in code.co_consts if isinstance(c, types.CodeType)]
+    return names
+
+
+# --------------------------------------------------------------------------------------
+# 1. the mask of a left-padded batch, for generation
+# --------------------------------------------------------------------------------------
+
+
+def _left_real(lengths: list[int], T: int) -> torch.Tensor:
+    """(B, T) bool, True = real token: sentence b's lengths[b] tokens fill the last positions."""
+    return torch.arange(T)[None, :] >= T - torch.tensor(lengths)[:, None]
+
+
+def _left_padded(lengths: list[int], T: int) -> torch.Tensor:
+    causal = torch.ones(T, T, dtype=torch.bool).tril()                     # (T, T)
+    return causal[None] & _left_real(lengths, T)[:, None, :]                # (B, T, T)
+
+
+def check_left_padded_mask(fn) -> None:
+    """``fn(lengths, T)`` -> (B, T, T) bool for a left-padded batch: key j for query i iff j <= i and j is real.
+
+    On a right answer it also shows what the mask is for: with it, the last position of every
+    sentence gets, to rounding, the output that sentence gets alone (no padding at all).
+    """
+    lengths, T = [3, 5, 1], 5
     try:
         got = attempt(fn, list(lengths), T)
     except NotAttempted:
-        return not_attempted("causal_padding_mask")
-    expected = _reference_causal_padding(lengths, T)
-    got = _require_bool("causal_padding_mask(lengths, T)", got, expected.shape)
-    real = torch.arange(T)[None, :] < torch.tensor(lengths)[:, None]
+        return not_attempted("left_padded_mask")
+    expected = _left_padded(lengths, T)
+    got = _require_bool("left_padded_mask(lengths, T)", got, expected.shape)
     causal = torch.ones(T, T, dtype=torch.bool).tril()
+    real = _left_real(lengths, T)
+    right_real = torch.arange(T)[None, :] < torch.tensor(lengths)[:, None]
     if torch.equal(got, ~expected):
-        raise ExerciseError("the polarity is flipped: True must mean 'may attend' (torch SDPA's convention), "
-                            "so real past keys are True and future or padding keys are False")
+        raise ExerciseError("the polarity is flipped: True must mean 'may attend' (torch SDPA's convention)")
+    if torch.equal(got, causal[None] & right_real[:, None, :]):
+        raise ExerciseError("this is the right-padded mask: here the padding is on the LEFT, so sentence b's real "
+                            "tokens are the last lengths[b] positions, j >= T - lengths[b]")
     if torch.equal(got, causal[None] & real[:, :, None]):
-        raise ExerciseError("you masked padded *queries* (rows) instead of padded *keys* (columns): index the "
-                            "real-token mask as real[:, None, :] so it broadcasts over the query dim")
+        raise ExerciseError("you masked padded *queries* (rows) instead of padded *keys* (columns): the real-token "
+                            "mask must broadcast over the query dim, real[:, None, :]")
     if torch.equal(got, torch.ones(T, T, dtype=torch.bool).triu()[None] & real[:, None, :]):
         raise ExerciseError("your triangle is the upper one: that lets a query see the future. Key j is allowed "
-                            "for query i when j <= i (lower triangle, torch.tril)")
+                            "for query i when j <= i (lower triangle)")
     if torch.equal(got, causal[None].expand_as(got)):
-        raise ExerciseError("the causal part is right but padding is missing: keys j >= lengths[b] must be False")
+        raise ExerciseError("the causal part is right but the padding is missing: the first T - lengths[b] keys "
+                            "of sentence b are padding and must be False")
     if torch.equal(got, real[:, None, :].expand_as(got)):
         raise ExerciseError("the padding part is right but the causal part is missing: also require j <= i")
-    if torch.equal(got, causal[None] & (torch.arange(T)[None, :] <= torch.tensor(lengths)[:, None])[:, None, :]):
-        raise ExerciseError("off by one: a sequence of length n has real tokens 0..n-1, so use j < lengths[b]")
+    for shift, what in ((1, "drops the first real token"), (-1, "lets in the last padding token")):
+        off = torch.arange(T)[None, :] >= T - torch.tensor(lengths)[:, None] + shift
+        if torch.equal(got, causal[None] & off[:, None, :]):
+            raise ExerciseError(f"off by one: your mask {what}. With T = {T} and length n the real tokens are "
+                                f"positions T - n .. T - 1")
     if not torch.equal(got, expected):
-        wrong = (got != expected).nonzero()[0].tolist()
-        raise ExerciseError(f"entry (b, i, j) = {tuple(wrong)} is {bool(got[tuple(wrong)])}, expected "
-                            f"{bool(expected[tuple(wrong)])} (lengths {lengths})")
-    return passed("causal AND key padding, True = may attend, shape (B, T, T)")
-
-
-def check_decode_mask(fn) -> None:
-    """``fn(n_new, n_cached)`` -> (n_new, n_cached + n_new) bool, the causal mask aligned bottom-right."""
-    n_new, n_cached = 3, 4
-    try:
-        got = attempt(fn, n_new, n_cached)
-    except NotAttempted:
-        return not_attempted("decode_mask")
-    S = n_cached + n_new
-    expected = torch.ones(n_new, S, dtype=torch.bool).tril(diagonal=n_cached)
-    got = _require_bool("decode_mask(3, 4)", got, expected.shape)
-    if torch.equal(got, torch.ones(n_new, S, dtype=torch.bool).tril()):
-        raise ExerciseError("this is the top-left alignment (what is_causal=True does): the first new query would "
-                            "see only key 0. New queries come after the cached keys: shift the diagonal by n_cached")
-    if torch.equal(got, ~expected):
-        raise ExerciseError("the polarity is flipped: True must mean 'may attend'")
-    if torch.equal(got, torch.ones(n_new, S, dtype=torch.bool).tril(diagonal=n_cached - 1)):
-        raise ExerciseError("off by one: each new query must also see itself (its own key is the last one stored)")
-    if torch.equal(got, torch.ones(n_new, S, dtype=torch.bool)):
-        raise ExerciseError("every key is allowed: new query i must not see the new tokens after it")
-    if not torch.equal(got, expected):
-        raise ExerciseError(f"expected query i to see keys 0..n_cached + i; got\n{got.int()}")
-    for n_new, n_cached in ((1, 6), (5, 0)):                               # one decode step; a prefill
-        got = attempt(fn, n_new, n_cached)
-        got = _require_bool(f"decode_mask({n_new}, {n_cached})", got, (n_new, n_cached + n_new))
-        if not torch.equal(got, torch.ones(n_new, n_cached + n_new, dtype=torch.bool).tril(diagonal=n_cached)):
-            raise ExerciseError(f"decode_mask({n_new}, {n_cached}) is wrong: it must work for one new token "
-                                "(it sees every key) and for an empty cache (plain causal)")
-    return passed("bottom-right causal mask: new queries see every cached key and the new keys up to themselves")
-
-
-def check_cross_attention(fn) -> None:
-    """``fn(y, x, W_q, W_k, W_v)`` -> (output (L, dv), weights (L, S)), queries from y, keys/values from x."""
+        wrong = tuple((got != expected).nonzero()[0].tolist())
+        raise ExerciseError(f"entry (b, i, j) = {wrong} is {bool(got[wrong])}, expected {bool(expected[wrong])} "
+                            f"(lengths {lengths}, T = {T}, padding on the left)")
+    # what the mask is for: the last column, the one generation reads, equals each sentence alone
     gen = torch.Generator().manual_seed(3)
-    L, S, d, dk = 3, 5, 6, 4
-    y, x = torch.randn(L, d, generator=gen), torch.randn(S, d, generator=gen)
-    W_q, W_k, W_v = (torch.randn(d, dk, generator=gen) for _ in range(3))
+    q, k, v = (torch.randn(len(lengths), T, 4, generator=gen, dtype=torch.float64) for _ in range(3))
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=got)          # (B, T, 4)
+    for b, n in enumerate(lengths):
+        alone = torch.nn.functional.scaled_dot_product_attention(q[b, T - n:], k[b, T - n:], v[b, T - n:],
+                                                                 is_causal=True)
+        if not close(out[b, -1], alone[-1]):
+            raise ExerciseError(f"sentence {b}'s last output differs from the sentence alone")
+    return passed("left padding, causal AND real keys; every sentence's last position gets the output it gets "
+                  "alone, to rounding")
+
+
+# --------------------------------------------------------------------------------------
+# 2. a causal mask from positions
+# --------------------------------------------------------------------------------------
+
+
+def check_mask_from_positions(fn) -> None:
+    """``fn(q_pos, k_pos)`` -> (L, S) bool, True where k_pos[j] <= q_pos[i]; both alignments are special cases."""
+    L, S = 3, 5
+    cases = [
+        ("top-left: the queries are the first L positions", torch.arange(L), torch.arange(S),
+         torch.ones(L, S, dtype=torch.bool).tril()),
+        ("bottom-right: the queries are the last L positions", torch.arange(S - L, S), torch.arange(S),
+         torch.ones(L, S, dtype=torch.bool).tril(diagonal=S - L)),
+        ("positions out of order", torch.tensor([6, 1, 3]), torch.tensor([0, 2, 4, 5, 6]), None),
+        ("packed positions that repeat", torch.tensor([0, 2, 1, 3]), torch.tensor([0, 1, 2, 0, 1, 2]), None),
+    ]
+    for what, q_pos, k_pos, expected in cases:
+        if expected is None:
+            expected = k_pos[None, :] <= q_pos[:, None]
+        shape = (len(q_pos), len(k_pos))
+        try:
+            got = attempt(fn, q_pos.clone(), k_pos.clone())
+        except NotAttempted:
+            return not_attempted("mask_from_positions")
+        if isinstance(got, torch.Tensor) and tuple(got.shape) == shape[::-1] and shape[0] != shape[1]:
+            raise ExerciseError(f"the mask has shape {shape[::-1]}: rows are queries, columns are keys, (L, S)")
+        got = _require_bool(f"mask_from_positions (case: {what})", got, shape)
+        if torch.equal(got, ~expected):
+            raise ExerciseError("the polarity is flipped: True must mean 'may attend'")
+        if torch.equal(got, k_pos[None, :] < q_pos[:, None]):
+            raise ExerciseError("off by one: a token may attend to itself, so the test is k_pos[j] <= q_pos[i], "
+                                "not <")
+        if torch.equal(got, k_pos[None, :] >= q_pos[:, None]):
+            raise ExerciseError("the comparison is reversed: query i may see key j when the key is NOT after it, "
+                                "k_pos[j] <= q_pos[i]")
+        if torch.equal(got, torch.ones(shape, dtype=torch.bool).tril()) and not torch.equal(got, expected):
+            raise ExerciseError(f"case {what}: you returned the plain lower triangle, which ignores the positions; "
+                                "compare k_pos[j] with q_pos[i] instead of j with i")
+        if not torch.equal(got, expected):
+            wrong = tuple((got != expected).nonzero()[0].tolist())
+            raise ExerciseError(f"case {what}: entry (i, j) = {wrong} is {bool(got[wrong])}, expected "
+                                f"{bool(expected[wrong])} (q_pos {q_pos.tolist()}, k_pos {k_pos.tolist()})")
+    return passed("key j for query i when k_pos[j] <= q_pos[i]; top-left and bottom-right are two choices of q_pos")
+
+
+# --------------------------------------------------------------------------------------
+# 3. a softmax that stays finite on a fully masked row, forwards and backwards
+# --------------------------------------------------------------------------------------
+
+
+def _reference_safe_softmax(scores: torch.Tensor) -> torch.Tensor:
+    fully_masked = torch.isneginf(scores).all(dim=-1, keepdim=True)       # (..., 1)
+    weights = torch.softmax(scores.masked_fill(fully_masked, 0.0), dim=-1)
+    return weights.masked_fill(fully_masked, 0.0)
+
+
+def _scores() -> torch.Tensor:
+    """(2, 4, 5) scores: rows with no key masked, some keys masked, every key masked."""
+    gen = torch.Generator().manual_seed(5)
+    scores = 3 * torch.randn(2, 4, 5, generator=gen)
+    ninf = float("-inf")
+    scores[0, 1, 3:] = ninf                 # some keys masked
+    scores[0, 2] = ninf                     # every key masked
+    scores[1, 0] = ninf
+    scores[1, 3, :4] = ninf                 # one key left
+    return scores
+
+
+def check_safe_softmax(fn) -> None:
+    """``fn(scores)`` -> weights of the same shape: softmax over the last dim, 0 on rows that are all -inf.
+
+    Graded forwards (rows with a visible key match torch.softmax, fully masked rows are exactly 0)
+    and backwards (the gradient reaching the scores is finite and matches the reference's).
+    """
+    used = sorted(_names_used(fn) & {"safe_softmax", "scaled_dot_product_attention"})
+    if used:
+        raise ExerciseError(f"your function calls {', '.join(used)}: the exercise is to write the guard yourself, "
+                            "from torch.softmax and masking")
+    scores = _scores()
+    fully = torch.isneginf(scores).all(-1)                                   # (2, 4)
+    x = scores.clone().requires_grad_()
     try:
-        result = attempt(fn, y, x, W_q, W_k, W_v)
+        got = attempt(fn, x)
     except NotAttempted:
-        return not_attempted("cross_attention")
-    if not isinstance(result, tuple) or len(result) != 2:
-        raise ExerciseError("return a pair (output, weights)")
-    out, w = result
-    w = require_tensor("weights", w)
-    if tuple(w.shape) == (S, L):
-        raise ExerciseError(f"weights have shape {(S, L)}: queries and keys are swapped. Queries come from y "
-                            f"(L={L} rows), keys and values from x (S={S} rows); weights are L x S")
-    if tuple(w.shape) == (L, L):
-        raise ExerciseError("weights are L x L: your keys come from y. In cross-attention keys and values come "
-                            "from the other sequence, x")
-    require_tensor("weights", w, (L, S))
-    require_tensor("output", out, (L, dk))
-    q, k, v = y @ W_q, x @ W_k, x @ W_v
-    raw = q @ k.T
-    if close(w, torch.softmax(raw, dim=-1)):
-        raise ExerciseError("the weights are softmax(q k^T) without scaling: divide the scores by sqrt(dk)")
-    if close(w, torch.softmax(raw / math.sqrt(dk), dim=0)):
-        raise ExerciseError("softmax ran over the queries (dim=0): normalise each row over the keys, dim=-1")
-    expected_w = torch.softmax(raw / math.sqrt(dk), dim=-1)
-    if not close(w, expected_w):
-        raise ExerciseError("the weights differ from softmax((y W_q)(x W_k)^T / sqrt(dk))")
-    if not close(out, expected_w @ v):
-        raise ExerciseError("the weights are right but the output is not weights @ (x W_v): values come from x")
-    return passed("queries from one sequence, keys and values from the other: an L x S weight matrix")
+        return not_attempted("safe_softmax")
+    got = require_tensor("safe_softmax(scores)", got, scores.shape)
+    expected = _reference_safe_softmax(scores)
+    if not close(got[~fully], expected[~fully]):
+        if not close(got.detach()[~fully].sum(-1), torch.ones(int((~fully).sum()))):
+            raise ExerciseError("a row with a visible key does not sum to 1: normalise each row over its keys, "
+                                "the last dim (softmax(..., dim=-1))")
+        raise ExerciseError("a row with a visible key differs from torch.softmax(scores, dim=-1): only rows whose "
+                            "scores are ALL -inf need the guard; masked keys in other rows keep weight 0")
+    if torch.isnan(got[fully]).any():
+        raise ExerciseError("a fully masked row is NaN: softmax of a row of only -inf is 0 / 0. Find those rows "
+                            "and give them weights of 0")
+    n_keys = scores.shape[-1]
+    if close(got[fully], torch.full_like(got[fully], 1 / n_keys)):
+        raise ExerciseError(f"a fully masked row gets 1/{n_keys} on every key: it attends to padding. A finite "
+                            "stand-in for -inf (0, or -1e9) must be followed by zeroing those rows after the softmax")
+    if not torch.equal(got[fully].detach(), torch.zeros_like(got[fully])):
+        raise ExerciseError("a fully masked row must get weights of exactly 0 (no key to attend to)")
+    if not got.requires_grad:
+        raise ExerciseError("the weights carry no gradient: compute them with torch operations, no .detach() or "
+                            "torch.no_grad(), so training can flow through them")
+    upstream = torch.randn(scores.shape, generator=torch.Generator().manual_seed(6))
+    (got * upstream).sum().backward()
+    if x.grad is None or not torch.isfinite(x.grad).all():
+        raise ExerciseError("the forward pass is right but the gradient is NaN: the softmax of the all -inf rows "
+                            "is still in the graph (filling or nan_to_num after it only hides it, and 0 x NaN = NaN "
+                            "going back). Replace those rows' scores by a finite value BEFORE the softmax")
+    ref_x = scores.clone().requires_grad_()
+    (_reference_safe_softmax(ref_x) * upstream).sum().backward()
+    if not close(x.grad, ref_x.grad):
+        raise ExerciseError("the gradient is finite but differs from softmax's: the rows with visible keys must "
+                            "keep softmax's gradient, and the fully masked rows get 0")
+    return passed("softmax over the keys; a row with no visible key gets 0, forwards and backwards")

@@ -117,7 +117,7 @@ def test_the_quick_report_on_the_h200_keeps_its_sizes(monkeypatch):
 
 # --------------------------------------------------------------------------- CPUs and Macs
 CPU_SIZES = {   # what every notebook's timing cell used on a CPU before the decision moved into one table
-    "nb01": dict(B=1, H=8, L=512, D=64), "nb04": dict(B=8, T=256, d=512, h=8),
+    "nb01": dict(B=1, H=8, L=512, D=64), "nb03": dict(B=1, H=4, L=2048, D=64), "nb04": dict(B=8, T=256, d=512, h=8),
     "nb06": dict(B=4, H=8, S=4096, D=64, L=1), "nb07": dict(B=1, H=8, Hkv=2, L=512, D=64),
     "nb08": dict(B=1, H=8, D=64, ns=(256, 512, 1024)), "nb09": dict(B=1, H=8, Hkv=2, L=512, D=64),
     "nb10": dict(batch=4), "nb11": dict(B=1, H=8, L=512, D=64), "nb15": dict(B=1, H=2, L=64, D=32),

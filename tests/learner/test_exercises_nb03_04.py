@@ -9,6 +9,7 @@ import pytest
 import torch
 from helpers import right_and_not_attempted_test
 
+from selfattn_lite.attention import safe_softmax
 from selfattn_lite.exercises import ExerciseError, nb03, nb04
 
 
@@ -22,116 +23,121 @@ RIGHT = {}          # test id -> (checker, a right answer); each exercise below 
 # ---------------------------------------------------------------- notebook 03
 
 
-def causal_padding_right(lengths, T):
-    causal = torch.ones(T, T, dtype=torch.bool).tril()
-    real = torch.arange(T)[None, :] < torch.as_tensor(lengths)[:, None]
+def left_padded_right(lengths, T):
+    causal = torch.ones(T, T, dtype=torch.bool).tril()                          # (T, T)
+    real = torch.arange(T)[None, :] >= T - torch.as_tensor(lengths)[:, None]     # (B, T)
     return causal[None] & real[:, None, :]
 
 
-def _real(lengths, T):
-    return torch.arange(T)[None, :] < torch.as_tensor(lengths)[:, None]
+def _left(lengths, T, shift=0):
+    return torch.arange(T)[None, :] >= T - torch.as_tensor(lengths)[:, None] + shift
 
 
-RIGHT["causal_padding_mask"] = nb03.check_causal_padding_mask, causal_padding_right
+def _tril(T):
+    return torch.ones(T, T, dtype=torch.bool).tril()
 
 
-CAUSAL_PADDING_WRONG = {
-    "polarity is flipped": lambda lengths, T: ~causal_padding_right(lengths, T),
-    "padded \\*queries\\*": lambda lengths, T: torch.ones(T, T, dtype=torch.bool).tril()[None] & _real(lengths, T)[:, :, None],
-    "upper one": lambda lengths, T: torch.ones(T, T, dtype=torch.bool).triu()[None] & _real(lengths, T)[:, None, :],
+RIGHT["left_padded_mask"] = nb03.check_left_padded_mask, left_padded_right
+
+
+LEFT_PADDED_WRONG = {
+    "polarity is flipped": lambda lengths, T: ~left_padded_right(lengths, T),
+    "right-padded mask": lambda lengths, T: _tril(T)[None]
+    & (torch.arange(T)[None, :] < torch.as_tensor(lengths)[:, None])[:, None, :],
+    "padded \\*queries\\*": lambda lengths, T: _tril(T)[None] & _left(lengths, T)[:, :, None],
+    "upper one": lambda lengths, T: torch.ones(T, T, dtype=torch.bool).triu()[None] & _left(lengths, T)[:, None, :],
     "padding is missing": lambda lengths, T: torch.ones(len(lengths), T, T, dtype=torch.bool).tril(),
-    "causal part is missing": lambda lengths, T: _real(lengths, T)[:, None, :].expand(len(lengths), T, T).clone(),
-    "off by one": lambda lengths, T: torch.ones(T, T, dtype=torch.bool).tril()[None]
-    & (torch.arange(T)[None, :] <= torch.as_tensor(lengths)[:, None])[:, None, :],
-    "bool tensor": lambda lengths, T: causal_padding_right(lengths, T).float(),
-    r"shape \(3, 5, 5\)": lambda lengths, T: causal_padding_right(lengths, T)[0],
+    "causal part is missing": lambda lengths, T: _left(lengths, T)[:, None, :].expand(len(lengths), T, T).clone(),
+    "drops the first real token": lambda lengths, T: _tril(T)[None] & _left(lengths, T, 1)[:, None, :],
+    "lets in the last padding token": lambda lengths, T: _tril(T)[None] & _left(lengths, T, -1)[:, None, :],
+    "bool tensor": lambda lengths, T: left_padded_right(lengths, T).float(),
+    r"shape \(3, 5, 5\)": lambda lengths, T: left_padded_right(lengths, T)[0],
 }
 
 
-@pytest.mark.parametrize("diagnosis", list(CAUSAL_PADDING_WRONG))
-def test_causal_padding_mask_wrong_answers(diagnosis):
+@pytest.mark.parametrize("diagnosis", list(LEFT_PADDED_WRONG))
+def test_left_padded_mask_wrong_answers(diagnosis):
     with pytest.raises(ExerciseError, match=diagnosis):
-        nb03.check_causal_padding_mask(CAUSAL_PADDING_WRONG[diagnosis])
+        nb03.check_left_padded_mask(LEFT_PADDED_WRONG[diagnosis])
 
 
-def test_causal_padding_mask_other_mistake_names_an_entry():
+def test_left_padded_mask_other_mistake_names_an_entry():
     def one_cell_wrong(lengths, T):
-        mask = causal_padding_right(lengths, T)
-        mask[2, 4, 0] = False
+        mask = left_padded_right(lengths, T)
+        mask[1, 4, 0] = False
         return mask
 
-    with pytest.raises(ExerciseError, match=r"entry \(b, i, j\) = \(2, 4, 0\)"):
-        nb03.check_causal_padding_mask(one_cell_wrong)
+    with pytest.raises(ExerciseError, match=r"entry \(b, i, j\) = \(1, 4, 0\)"):
+        nb03.check_left_padded_mask(one_cell_wrong)
 
 
-def decode_right(n_new, n_cached):
-    return torch.ones(n_new, n_cached + n_new, dtype=torch.bool).tril(diagonal=n_cached)
+def positions_right(q_pos, k_pos):
+    return k_pos[None, :] <= q_pos[:, None]                                       # (L, S)
 
 
-RIGHT["decode_mask"] = nb03.check_decode_mask, decode_right
+RIGHT["mask_from_positions"] = nb03.check_mask_from_positions, positions_right
 
 
-DECODE_WRONG = {
-    "top-left alignment": lambda n, c: torch.ones(n, n + c, dtype=torch.bool).tril(),
-    "polarity is flipped": lambda n, c: ~decode_right(n, c),
-    "off by one": lambda n, c: torch.ones(n, n + c, dtype=torch.bool).tril(diagonal=c - 1),
-    "every key is allowed": lambda n, c: torch.ones(n, n + c, dtype=torch.bool),
-    r"shape \(3, 7\)": lambda n, c: decode_right(n, c)[:, :-1],
-    "one new token": lambda n, c: decode_right(n, c) if (n, c) == (3, 4) else torch.zeros(n, n + c, dtype=torch.bool),
+POSITIONS_WRONG = {
+    "polarity is flipped": lambda q, k: ~positions_right(q, k),
+    "off by one": lambda q, k: k[None, :] < q[:, None],
+    "comparison is reversed": lambda q, k: k[None, :] >= q[:, None],
+    "ignores the positions": lambda q, k: torch.ones(len(q), len(k), dtype=torch.bool).tril(),
+    r"rows are queries, columns are keys": lambda q, k: positions_right(q, k).T,
+    "bool tensor": lambda q, k: positions_right(q, k).int(),
+    "entry \\(i, j\\)": lambda q, k: positions_right(q, k) if len(q) == 3 else positions_right(q, k) & False,
 }
 
 
-@pytest.mark.parametrize("diagnosis", list(DECODE_WRONG))
-def test_decode_mask_wrong_answers(diagnosis):
+@pytest.mark.parametrize("diagnosis", list(POSITIONS_WRONG))
+def test_mask_from_positions_wrong_answers(diagnosis):
     with pytest.raises(ExerciseError, match=diagnosis):
-        nb03.check_decode_mask(DECODE_WRONG[diagnosis])
+        nb03.check_mask_from_positions(POSITIONS_WRONG[diagnosis])
 
 
-def cross_right(y, x, W_q, W_k, W_v):
-    q, k, v = y @ W_q, x @ W_k, x @ W_v
-    w = torch.softmax(q @ k.T / math.sqrt(q.shape[-1]), dim=-1)
-    return w @ v, w
+def safe_softmax_right(scores):
+    fully_masked = torch.isneginf(scores).all(dim=-1, keepdim=True)     # (..., 1)
+    weights = torch.softmax(scores.masked_fill(fully_masked, 0.0), dim=-1)
+    return weights.masked_fill(fully_masked, 0.0)
 
 
-RIGHT["cross_attention"] = nb03.check_cross_attention, cross_right
+RIGHT["safe_softmax"] = nb03.check_safe_softmax, safe_softmax_right
 
 
-def cross_swapped(y, x, W_q, W_k, W_v):
-    return cross_right(x, y, W_q, W_k, W_v)
+def _fully(scores):
+    return torch.isneginf(scores).all(dim=-1, keepdim=True)
 
 
-def cross_keys_from_y(y, x, W_q, W_k, W_v):
-    return cross_right(y, y, W_q, W_k, W_v)
+SAFE_SOFTMAX_WRONG = {
+    "fully masked row is NaN": lambda s: torch.softmax(s, dim=-1),
+    "gradient is NaN": lambda s: torch.nan_to_num(torch.softmax(s, dim=-1)),
+    "gradient is NaN ": lambda s: torch.where(_fully(s), 0.0, torch.softmax(s, dim=-1)),
+    "attends to padding": lambda s: torch.softmax(s.masked_fill(torch.isneginf(s), -1e9), dim=-1),
+    "does not sum to 1": lambda s: torch.softmax(s.masked_fill(_fully(s), 0.0), dim=0).masked_fill(_fully(s), 0.0),
+    "only rows whose": lambda s: torch.softmax(s.masked_fill(torch.isneginf(s), 0.0), dim=-1)
+    .masked_fill(_fully(s), 0.0),
+    "carry no gradient": lambda s: safe_softmax_right(s.detach()),
+    "differs from softmax's": lambda s: safe_softmax_right(s.detach()) + 0 * s.masked_fill(torch.isneginf(s), 0.0),
+    "calls safe_softmax": lambda s: safe_softmax(s),
+    r"shape \(2, 4, 5\)": lambda s: safe_softmax_right(s)[0],
+}
 
 
-def cross_unscaled(y, x, W_q, W_k, W_v):
-    q, k, v = y @ W_q, x @ W_k, x @ W_v
-    w = torch.softmax(q @ k.T, dim=-1)
-    return w @ v, w
+@pytest.mark.parametrize("diagnosis", list(SAFE_SOFTMAX_WRONG))
+def test_safe_softmax_wrong_answers(diagnosis):
+    with pytest.raises(ExerciseError, match=diagnosis.strip()):
+        nb03.check_safe_softmax(SAFE_SOFTMAX_WRONG[diagnosis])
 
 
-def cross_wrong_dim(y, x, W_q, W_k, W_v):
-    q, k, v = y @ W_q, x @ W_k, x @ W_v
-    w = torch.softmax(q @ k.T / math.sqrt(q.shape[-1]), dim=0)
-    return w @ v, w
-
-
-def cross_bad_output(y, x, W_q, W_k, W_v):
-    out, w = cross_right(y, x, W_q, W_k, W_v)
-    return out * 2, w
-
-
-@pytest.mark.parametrize("fn, diagnosis", [
-    (cross_swapped, "queries and keys are swapped"),
-    (cross_keys_from_y, "your keys come from y"),
-    (cross_unscaled, "without scaling"),
-    (cross_wrong_dim, "over the queries"),
-    (cross_bad_output, "output is not weights @"),
-    (lambda *args: cross_right(*args)[0], r"return a pair"),
-])
-def test_cross_attention_wrong_answers(fn, diagnosis):
-    with pytest.raises(ExerciseError, match=diagnosis):
-        nb03.check_cross_attention(fn)
+def test_safe_softmax_reference_is_the_packages():
+    """The checker's reference and the package's guard agree, forwards and backwards."""
+    scores = nb03._scores()
+    a, b = scores.clone().requires_grad_(), scores.clone().requires_grad_()
+    torch.testing.assert_close(nb03._reference_safe_softmax(a), safe_softmax(b))
+    g = torch.randn(scores.shape)
+    (nb03._reference_safe_softmax(a) * g).sum().backward()
+    (safe_softmax(b) * g).sum().backward()
+    torch.testing.assert_close(a.grad, b.grad)
 
 
 # ---------------------------------------------------------------- notebook 04

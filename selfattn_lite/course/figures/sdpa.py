@@ -1,5 +1,5 @@
 """Figures of notebooks 01-03: the data flow of scaled dot-product attention and the
-source page's illustrative causal weight grid for "The cat sat on it"."""
+illustrative causal weight grid for "The cat sat on it"."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from ._draw import box as _box
 
 __all__ = ["CAT_SAT_TOKENS", "CAT_SAT_WEIGHTS", "draw_sdpa_dataflow", "draw_causal_cat_sat", "FIGURES"]
 
-# Illustrative weights from the course's source page (not from a real model).
+# Illustrative weights, made up (not from a real model).
 # Rows = queries, columns = keys; 0.0 above the diagonal is where the causal mask puts -inf.
 CAT_SAT_TOKENS = ["The", "cat", "sat", "on", "it"]
 CAT_SAT_WEIGHTS = [
@@ -48,7 +48,7 @@ def draw_sdpa_dataflow() -> Figure:
 
 
 def draw_causal_cat_sat() -> Figure:
-    """The source page's illustrative causal weights as a heatmap, masked cells marked -inf."""
+    """The illustrative causal weights as a heatmap, masked cells marked -inf."""
     import torch
 
     weights = torch.tensor(CAT_SAT_WEIGHTS)
