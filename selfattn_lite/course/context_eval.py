@@ -44,9 +44,9 @@ from torch import Tensor
 from ..models import DATA_DIR, CharTokenizer, TinyDecoder, load_text, load_tiny_decoder, split_text
 
 __all__ = ["TRAINED_LEN", "TARGET_LEN", "FACTOR", "BUCKET", "ZERO_SHOT", "FINE_TUNED", "ALIBI", "RESULTS_FILE",
-           "CUT_STRIDE", "CUT_METHODS", "NO_TEMPERATURE", "scalings", "held_out_ids", "eval_windows", "load_method", "loss_per_position",
-           "bucket_means", "loss_with_context_cut", "attention_entropy", "loss_record", "window_losses",
-           "paired_difference", "is_ranked", "run"]
+           "CUT_STRIDE", "CUT_METHODS", "NO_TEMPERATURE", "scalings", "held_out_ids", "eval_windows",
+           "load_method", "loss_per_position", "bucket_means", "loss_with_context_cut", "attention_entropy",
+           "loss_record", "window_losses", "paired_difference", "is_ranked", "run"]
 
 TRAINED_LEN = 512       # the shipped model's training window
 TARGET_LEN = 2048       # the longer context we ask of it
