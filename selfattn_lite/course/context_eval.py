@@ -11,11 +11,16 @@ well each method carries the model past its trained length:
 * fine-tuned: the PI and YaRN models trained a little more at 2048
   (``tiny_decoder_pi`` and ``tiny_decoder_yarn``, see ``data/README.md``);
 * ALiBi: a decoder trained from scratch with ALiBi instead of RoPE, same recipe and budget
-  (``tiny_decoder_alibi``), read at 2048 as it is (ALiBi has nothing to rescale).
+  (``tiny_decoder_alibi``), read at 2048 as it is (ALiBi has nothing to rescale);
+* ``yarn_no_t``: zero-shot YaRN's frequencies without its temperature (cos and sin not scaled),
+  to test what the temperature does to the loss, inside and past 512.
 
 ``loss_with_context_cut`` asks whether a model uses the context past its trained length: the same
 targets past position 512, each predicted from only the most recent characters (at most 512, at
-least 512 - CUT_STRIDE + 1), against the same targets read with the whole window before them.
+least 512 - CUT_STRIDE + 1), against the same targets read with the whole window before them. It is
+run for ALiBi, for the fine-tuned YaRN model (a RoPE control) and for the unscaled RoPE model, for
+which it is a sliding window: every target read inside the trained length, the baseline a context
+extension must beat if it is to use the characters beyond 512.
 
 ``attention_entropy`` measures the mean entropy of the attention rows as the context grows,
 for YaRN with and without its attention temperature.
@@ -39,9 +44,9 @@ from torch import Tensor
 from ..models import DATA_DIR, CharTokenizer, TinyDecoder, load_text, load_tiny_decoder, split_text
 
 __all__ = ["TRAINED_LEN", "TARGET_LEN", "FACTOR", "BUCKET", "ZERO_SHOT", "FINE_TUNED", "ALIBI", "RESULTS_FILE",
-           "CUT_STRIDE", "scalings", "held_out_ids", "eval_windows", "load_method", "loss_per_position",
-           "bucket_means", "loss_with_context_cut", "attention_entropy", "loss_record", "window_losses",
-           "paired_difference", "is_ranked", "run"]
+           "CUT_STRIDE", "CUT_METHODS", "NO_TEMPERATURE", "scalings", "held_out_ids", "eval_windows",
+           "load_method", "loss_per_position", "bucket_means", "loss_with_context_cut", "attention_entropy",
+           "loss_record", "window_losses", "paired_difference", "is_ranked", "run"]
 
 TRAINED_LEN = 512       # the shipped model's training window
 TARGET_LEN = 2048       # the longer context we ask of it
@@ -51,6 +56,8 @@ CUT_STRIDE = 32         # context cut: targets are read in groups of 32, each fr
 ZERO_SHOT = ("none", "pi", "ntk", "yarn", "llama3")
 FINE_TUNED = {"pi_ft": "tiny_decoder_pi", "yarn_ft": "tiny_decoder_yarn"}
 ALIBI = {"alibi": "tiny_decoder_alibi"}
+NO_TEMPERATURE = "yarn_no_t"  # zero-shot YaRN's frequencies, cos and sin not multiplied by its factor
+CUT_METHODS = ("alibi", "yarn_ft", "none")   # the models read again with the context cut to TRAINED_LEN
 RESULTS_FILE = DATA_DIR / "context_eval.json"
 
 
@@ -90,10 +97,15 @@ def load_method(method: str, max_len: int = TARGET_LEN, factor: float = FACTOR) 
     """The model a method names: a zero-shot scaling of the shipped decoder, or a fine-tuned one."""
     if method in ZERO_SHOT:
         return load_tiny_decoder(rope_scaling=scalings(factor)[method], max_len=max_len)
+    if method == NO_TEMPERATURE:
+        model = load_tiny_decoder(rope_scaling=scalings(factor)["yarn"], max_len=max_len)
+        model.rope.attention_scaling = 1.0                            # YaRN's frequencies, no temperature
+        return model
     if method in FINE_TUNED or method in ALIBI:
         stem = DATA_DIR / {**FINE_TUNED, **ALIBI}[method]
         return load_tiny_decoder(stem.with_suffix(".safetensors"), stem.with_suffix(".json"), max_len=max_len)
-    raise ValueError(f"unknown method {method!r}; expected one of {list(ZERO_SHOT) + list(FINE_TUNED) + list(ALIBI)}")
+    known = list(ZERO_SHOT) + [NO_TEMPERATURE] + list(FINE_TUNED) + list(ALIBI)
+    raise ValueError(f"unknown method {method!r}; expected one of {known}")
 
 
 @torch.no_grad()
@@ -220,17 +232,18 @@ def run(n_windows: int | None = None, entropy_lengths=(128, 256, 512, 1024, 2048
            "held_out_chars": len(ids), "n_windows": len(windows), "scalings": scalings(),
            "torch": torch.__version__, "threads": torch.get_num_threads(), "loss": {}}
     trained = {**FINE_TUNED, **ALIBI}
-    methods = list(ZERO_SHOT) + [m for m in trained if (DATA_DIR / f"{trained[m]}.json").exists()]
+    methods = list(ZERO_SHOT) + [NO_TEMPERATURE] + [m for m in trained if (DATA_DIR / f"{trained[m]}.json").exists()]
     for method in methods:
         out["loss"][method] = loss_record(method, windows)
         if progress:
             print(f"{method:8s} loss by bucket: {out['loss'][method]['bucket']}")
-    if "alibi" in out["loss"]:                                        # does ALiBi use the context past 512?
-        cut = loss_with_context_cut(load_method("alibi"), windows)    # (n, T - 512)
-        out["context_cut"] = {"method": "alibi", "context": TRAINED_LEN, "stride": CUT_STRIDE,
-                              "per_window_past_512": [round(x, 5) for x in cut.mean(-1).tolist()]}
+    out["context_cut"] = {"context": TRAINED_LEN, "stride": CUT_STRIDE, "per_window_past_512": {}}
+    for method in (m for m in CUT_METHODS if m in out["loss"]):      # do they use the context past 512?
+        cut = loss_with_context_cut(load_method(method), windows)     # (n, T - 512)
+        out["context_cut"]["per_window_past_512"][method] = [round(x, 5) for x in cut.mean(-1).tolist()]
         if progress:
-            print("alibi, context cut to 512, past 512 per window:", out["context_cut"]["per_window_past_512"])
+            print(f"{method}, context cut to 512, past 512 per window:",
+                  out["context_cut"]["per_window_past_512"][method])
     keys = ("none", "yarn", "yarn_no_temperature")
     entropy = {"lengths": list(entropy_lengths), **{key: [] for key in keys},
                "per_window": {key: [] for key in keys}}

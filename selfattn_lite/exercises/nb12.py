@@ -1,7 +1,7 @@
 """Checkers for notebook 12: the NTK-aware factor a target length needs (predicted from where NTK-aware
 breaks, checked against the package and against the tiny decoder run at that factor), YaRN's temperature
 carried by the softmax scale when only part of each head is rotated (as DeepSeek-V3's inference code
-does), the loss at every position of a window (the measurement behind the notebook's curves), and
+does), a sliding-window evaluation at any length (and how much context the tiny decoder uses), and
 Llama 3.1's scaling read back from the frequencies it produced."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from ..positions import RotaryEmbedding, apply_rotary, rope_inv_freq, scaled_inv
 from ..rope_scaling import llama3_inv_freq, yarn_attention_scaling
 from . import ExerciseError, NotAttempted, attempt, close, not_attempted, passed, require_tensor
 
-__all__ = ["check_ntk_factor_for", "check_yarn_partial_attention", "check_loss_per_position",
+__all__ = ["check_ntk_factor_for", "check_yarn_partial_attention", "check_sliding_window_loss",
            "check_read_llama3_scaling"]
 
 
@@ -263,46 +263,119 @@ def check_yarn_partial_attention(fn) -> None:
                   "head rotated it equals RotaryEmbedding's YaRN followed by torch's SDPA")
 
 
-# ----------------------------------------------------------------------------- 3. loss at every position
+# ----------------------------------------------------------------------------- 3. a sliding window, at any length
 
 def _tiny_model(vocab: int = 11):
-    """A deterministic toy 'model': logits that depend on the token and its position."""
+    """A deterministic toy 'model' whose predictions depend on the token, on its position in what was read
+    and on the first token read: reading a different stretch of the window changes every loss."""
     gen = torch.Generator().manual_seed(12)
-    table = torch.randn(vocab, vocab, generator=gen, dtype=torch.float64)
+    table, first, slope = (torch.randn(*shape, generator=gen, dtype=torch.float64)
+                           for shape in ((vocab, vocab), (vocab, vocab), (vocab,)))
 
     def model(ids):                                               # (n, T) -> (n, T, V)
         pos = torch.arange(ids.shape[1], dtype=torch.float64)[None, :, None]
-        return table[ids] + 0.05 * pos
+        return table[ids] + 0.1 * pos * slope + 0.5 * first[ids[:, :1]]
     return model
 
 
-def check_loss_per_position(fn) -> None:
-    """``fn(model, windows)`` must return (n, T) cross-entropies of predicting windows[:, t + 1]."""
+def _losses(model, windows) -> torch.Tensor:
+    """(n, T): -log p(windows[:, t + 1] | what the model read up to t)."""
+    logits = model(windows[:, :-1]).double()                      # (n, T, V)
+    return -logits.log_softmax(-1).gather(-1, windows[:, 1:, None])[..., 0]
+
+
+def _sliding(model, windows, context: int, stride: int, mistake: str | None = None) -> torch.Tensor:
+    """The sliding-window losses (n, T), written independently of ``context_eval``, or a planted mistake.
+
+    Columns t < context: read from the start of the window. Then groups of ``stride`` columns (the last
+    one may be shorter): a group ending at column end - 1 reads tokens end - context .. end - 1 only.
+    """
+    T = windows.shape[1] - 1
+    if mistake == "whole":
+        return _losses(model, windows)
+    first = min(T, context)
+    out = torch.empty(windows.shape[0], T, dtype=torch.float64)
+    out[:, :first] = _losses(model, windows[:, :first + 1])
+    step = 1 if mistake == "stride_one" else stride
+    start = first
+    while start < T:
+        end = min(start + step, T)
+        if mistake == "drop_tail" and end - start < step:
+            out[:, start:] = _losses(model, windows[:, start:])          # the short last group read from its start
+            break
+        lo = end - context - (1 if mistake == "one_more" else 0)
+        out[:, start:end] = _losses(model, windows[:, lo:end + 1])[:, -(end - start):]
+        start = end
+    return out
+
+
+_SLIDING_CASES = ((13, 5, 3), (12, 4, 4), (3, 5, 2), (20, 6, 1), (17, 8, 5))     # (T, context, stride)
+
+_SLIDING_MISTAKES = {
+    "whole": "you read every target with the whole window before it: past `context`, each target may see at most "
+             "`context` tokens, the last `context` before it",
+    "one_more": "each group read context + 1 tokens: the group ending at column end - 1 reads windows[:, end - "
+                "context:end + 1] (inputs end - context .. end - 1, targets one further)",
+    "stride_one": "every target read from exactly `context` tokens (a stride of 1): read the targets in groups of "
+                  "`stride`, each group from the `context` tokens that end at its last target",
+    "drop_tail": "the last group, shorter than `stride`, is not read like the others: it too reads the `context` "
+                 "tokens that end at its last target",
+}
+
+
+def _measure_context(fn) -> str:
+    """The learner's function on the shipped unscaled decoder: past 512, context 128, 256, 512 and the whole window."""
+    from ..course import context_eval
+    from ..course.context_eval import is_ranked, paired_difference
+
+    model = load_tiny_decoder(max_len=1024)
+    windows = context_eval.eval_windows(context_eval.held_out_ids(model.tokenizer), 1024, 4)   # (4, 1025)
+    past = {c: fn(model, windows, c, c // 2)[:, 512:].mean(-1).double() for c in (128, 256, 512)}   # (4,) each
+    whole = _losses(model, windows)[:, 512:].mean(-1)
+    lines = [f"context {c}: {v.mean():.3f} ± {v.std():.3f}" for c, v in past.items()]
+    steps = []
+    for a, b in ((128, 256), (256, 512)):
+        d = paired_difference(past[a], past[b])
+        steps.append(f"{a} - {b}: {d['mean']:+.3f} ± {d['sd']:.3f} "
+                     f"{'ranked' if is_ranked(d['mean'], d['sd']) else 'indistinguishable here'}")
+    d = paired_difference(past[512], whole)
+    steps.append(f"512 - the whole window (up to 1024, past the trained length): {d['mean']:+.3f} ± {d['sd']:.3f} "
+                 f"{'ranked' if is_ranked(d['mean'], d['sd']) else 'indistinguishable here'}")
+    return ("; the unscaled decoder's loss on the targets past 512 of 4 held-out windows of 1024, mean ± sd over "
+            "the windows, by the context each target reads (stride context / 2): " + ", ".join(lines) +
+            "; paired: " + "; ".join(steps))
+
+
+def check_sliding_window_loss(fn, measure: bool = True) -> None:
+    """``fn(model, windows, context, stride)`` must return the (n, T) sliding-window losses, for any T."""
     model = _tiny_model()
-    windows = torch.randint(0, 11, (3, 9), generator=torch.Generator().manual_seed(2))   # (n, T + 1)
-    try:
-        got = attempt(fn, model, windows.clone())
-    except NotAttempted:
-        return not_attempted("loss_per_position")
-    if isinstance(got, torch.Tensor) and got.dim() == 0:
-        raise ExerciseError("a single number: keep one loss per window and position, shape (n, T); "
-                            "use reduction='none'")
-    if isinstance(got, torch.Tensor) and tuple(got.shape) == (8,):
-        raise ExerciseError("you averaged over the windows: return (n, T), one row per window")
-    got = require_tensor("loss_per_position(model, windows)", got, (3, 8)).double()
-    logits = model(windows[:, :-1])                               # (n, T, V)
-    expected = F.cross_entropy(logits.transpose(1, 2), windows[:, 1:], reduction="none")
-    same_token = F.cross_entropy(logits.transpose(1, 2), windows[:, :-1], reduction="none")
-    if close(got, same_token):
-        raise ExerciseError("the targets are not shifted: position t predicts token t + 1 (windows[:, 1:])")
-    whole = F.cross_entropy(model(windows[:, 1:]).transpose(1, 2), windows[:, 1:], reduction="none")
-    if close(got, whole):
-        raise ExerciseError("the model must read windows[:, :-1] (the inputs), not windows[:, 1:]")
-    if close(got, -logits.gather(-1, windows[:, 1:, None])[..., 0]):
-        raise ExerciseError("that is minus the raw logit; the loss is minus the log-softmax at the target")
-    if not close(got, expected):
-        raise ExerciseError("not the cross-entropy at each position: -log softmax(logits[:, t])[windows[:, t + 1]]")
-    return passed("one cross-entropy per window and position, targets shifted by one")
+    gen = torch.Generator().manual_seed(2)
+    for T, context, stride in _SLIDING_CASES:
+        windows = torch.randint(0, 11, (2, T + 1), generator=gen)                # (n, T + 1)
+        try:
+            got = attempt(fn, model, windows.clone(), context, stride)
+        except NotAttempted:
+            return not_attempted("sliding_window_loss")
+        except ValueError as e:
+            raise ExerciseError(f"T = {T}, context = {context}, stride = {stride} raised ValueError ({e}): any T must "
+                                "work, also when T - context is not a multiple of stride (the last group is "
+                                "shorter) and when T <= context") from None
+        got = require_tensor(f"sliding_window_loss(model, windows, {context}, {stride})", got, (2, T)).double()
+        expected = _sliding(model, windows, context, stride)
+        if close(got, expected):
+            continue
+        for mistake, message in _SLIDING_MISTAKES.items():
+            if close(got, _sliding(model, windows, context, stride, mistake)):
+                raise ExerciseError(f"T = {T}, context = {context}, stride = {stride}: {message}")
+        if close(got[:, :min(T, context)], expected[:, :min(T, context)]):
+            raise ExerciseError(f"T = {T}, context = {context}, stride = {stride}: the first `context` columns are "
+                                "right, the ones after them are not: the group ending at column end - 1 reads "
+                                "windows[:, end - context:end + 1] and keeps its last (group size) losses")
+        raise ExerciseError(f"T = {T}, context = {context}, stride = {stride}: not the sliding-window losses. Column t "
+                            "< context reads the window from its start; after that, each group of `stride` targets "
+                            "reads the `context` tokens that end at its last target")
+    extra = _measure_context(fn) if measure else ""
+    return passed("every target read from at most `context` tokens, in groups of `stride`, at any T" + extra)
 
 
 # ----------------------------------------------------------------------------- 4. Llama 3.1's scaling read back

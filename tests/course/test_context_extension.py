@@ -170,7 +170,8 @@ def test_saved_measurements_agree_with_the_shipped_models():
     tokenizer = load_tiny_decoder().tokenizer
     windows = context_eval.eval_windows(context_eval.held_out_ids(tokenizer))
     assert results["n_windows"] == len(windows) >= 10
-    assert set(results["loss"]) == set(context_eval.ZERO_SHOT) | set(context_eval.FINE_TUNED) | set(context_eval.ALIBI)
+    assert set(results["loss"]) == (set(context_eval.ZERO_SHOT) | {context_eval.NO_TEMPERATURE}
+                                    | set(context_eval.FINE_TUNED) | set(context_eval.ALIBI))
     last = windows[-1:]                                              # the notebook re-measures window 0
     for method, saved in results["loss"].items():
         got = context_eval.bucket_means(context_eval.loss_per_position(context_eval.load_method(method), last))[0]
@@ -184,6 +185,12 @@ def test_saved_measurements_agree_with_the_shipped_models():
     k = results["entropy"]["lengths"].index(n)
     got = context_eval.attention_entropy(load_tiny_decoder(max_len=n), w)
     assert got == pytest.approx(results["entropy"]["none"][k], abs=1e-4)
+
+
+def test_no_temperature_is_yarns_frequencies_with_cos_and_sin_not_scaled():
+    plain, yarn = context_eval.load_method(context_eval.NO_TEMPERATURE), context_eval.load_method("yarn")
+    assert plain.rope.attention_scaling == 1.0 and yarn.rope.attention_scaling > 1.0
+    torch.testing.assert_close(plain.rope.inv_freq, yarn.rope.inv_freq, atol=0, rtol=0)
 
 
 def test_shipped_alibi_model_has_the_rope_models_recipe():

@@ -171,28 +171,73 @@ def test_yarn_partial_matches_deepseek_v3s_fold():
     torch.testing.assert_close(ours, scores.softmax(-1) @ v)
 
 
-# ---------------------------------------------------------------- 3. loss per position (the measurement behind the curves)
+# ---------------------------------------------------------------- 3. a sliding window, at any length
 def lpp(model, windows):
     logits = model(windows[:, :-1])
     return F.cross_entropy(logits.transpose(1, 2), windows[:, 1:], reduction="none")
 
 
-RIGHT["loss_per_position"] = check.check_loss_per_position, lpp
+def sliding(model, windows, context, stride, *, mistake=None):
+    """Written as a learner would: the first `context` columns from the start, then groups of `stride`."""
+    T = windows.shape[1] - 1
+    if mistake == "whole":
+        return lpp(model, windows)
+    out = [lpp(model, windows[:, :min(T, context) + 1])]
+    for start in range(context, T, 1 if mistake == "stride_one" else stride):
+        end = min(start + (1 if mistake == "stride_one" else stride), T)
+        lo = end - context - (1 if mistake == "one_more" else 0)
+        if mistake == "from_group_start":
+            lo = max(start - context + 1, 0)
+        if mistake == "short_tail_from_start" and end - start < stride:
+            out.append(lpp(model, windows[:, start:end + 1]))
+            continue
+        out.append(lpp(model, windows[:, lo:end + 1])[:, -(end - start):])
+    got = torch.cat(out, dim=1)
+    return got + 0.1 if mistake == "offset" else got
 
 
-@pytest.mark.parametrize("wrong, message", [
-    (lambda m, w: lpp(m, w).mean(), "single number"),
-    (lambda m, w: lpp(m, w).mean(0), "averaged over the windows"),
-    (lambda m, w: F.cross_entropy(m(w[:, :-1]).transpose(1, 2), w[:, :-1], reduction="none"), "not shifted"),
-    (lambda m, w: F.cross_entropy(m(w[:, 1:]).transpose(1, 2), w[:, 1:], reduction="none"), "must read"),
-    (lambda m, w: -m(w[:, :-1]).gather(-1, w[:, 1:, None])[..., 0], "raw logit"),
-    (lambda m, w: lpp(m, w) + 0.1, "not the cross-entropy"),
-    (lambda m, w: lpp(m, w)[:, :-1], "shape"),
+def package_wrap(model, windows, context, stride):
+    """Only what the package does: it needs T - context to be a multiple of stride."""
+    from selfattn_lite.course import context_eval
+    first = context_eval.loss_per_position(model, windows[:, :context + 1])
+    return torch.cat([first, context_eval.loss_with_context_cut(model, windows, context, stride)], dim=1)
+
+
+RIGHT["sliding_window_loss"] = (lambda fn: check.check_sliding_window_loss(fn, measure=False)), sliding
+
+
+@pytest.mark.parametrize("mistake, message", [
+    ("whole", "whole window"),
+    ("one_more", "context \\+ 1 tokens"),
+    ("stride_one", "a stride of 1"),
+    ("short_tail_from_start", "the last group"),
+    ("from_group_start", "the first `context` columns are right"),
+    ("offset", "not the sliding-window losses"),
 ])
-def test_loss_per_position_wrong(wrong, message):
+def test_sliding_window_loss_wrong(mistake, message):
     with pytest.raises(ExerciseError, match=message):
-        check.check_loss_per_position(wrong)
+        check.check_sliding_window_loss(lambda m, w, c, s: sliding(m, w, c, s, mistake=mistake), measure=False)
 
+
+def test_sliding_window_loss_refuses_the_package_where_it_cannot_go():
+    with pytest.raises(ExerciseError, match="any T must work"):
+        check.check_sliding_window_loss(package_wrap, measure=False)
+    with pytest.raises(ExerciseError, match="shape"):
+        check.check_sliding_window_loss(lambda m, w, c, s: sliding(m, w, c, s)[:, 1:], measure=False)
+
+
+def test_sliding_window_loss_agrees_with_the_package_where_both_apply():
+    model = check._tiny_model()
+    windows = torch.randint(0, 11, (2, 21), generator=torch.Generator().manual_seed(0))
+    from selfattn_lite.course import context_eval
+    torch.testing.assert_close(sliding(model, windows, 5, 3)[:, 5:], context_eval.loss_with_context_cut(model, windows, 5, 3))
+    torch.testing.assert_close(check._sliding(model, windows, 5, 3), sliding(model, windows, 5, 3).double())
+
+
+def test_sliding_window_loss_measures_the_shipped_decoder(capsys):
+    check.check_sliding_window_loss(sliding)
+    out = capsys.readouterr().out
+    assert out.startswith("Correct:") and "context 128" in out and "512 - the whole window" in out
 
 
 # ---------------------------------------------------------------- 4. Llama 3.1's scaling read back
