@@ -48,6 +48,11 @@ PLANTED = {
     "08_efficient_attention": [
         ("answer_1", "l = l * scale + p.sum(-1)", "l = l + p.sum(-1)", "rescale the running sum l"),
     ],
+    "09_common_pitfalls": [
+        ("answer_2", "attn_mask=keep[:, None, None, :]", "attn_mask=keep.float()[:, None, None, :]",
+         "a float mask read as a boolean one"),
+        ("answer_4", "/ math.sqrt(q.shape[-1])", "/ math.sqrt(d_model)", "the wrong width in the scale"),
+    ],
     "12_context_extension": [
         ("answer_1", "** ((head_dim - 2) / (2 * i))", "** (2 * i / (head_dim - 2))", "upside down: pair i is slowed"),
         ("answer_4", "smooth = (ratio - 1 / factor) / (1 - 1 / factor)", "smooth = ratio", "the blend gives"),

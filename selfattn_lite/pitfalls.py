@@ -182,14 +182,14 @@ def fixed_attention(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def _missing_scale_weights(fixed: bool) -> Weights:
-    q, k = _picture_qk(6, 6, 256)
+    q, k = _picture_qk(6, 6, 512)
     return (fixed_attention if fixed else broken_no_scale)(q, k, k)[1], None
 
 
 @pitfall("missing_scale", "Missing 1/sqrt(dk)", "01_scaled_dot_product_attention",
          "weights saturate to one-hot (and their gradient vanishes) as dk grows",
          broken=broken_no_scale, fixed=fixed_attention,
-         picture="1 · missing 1/sqrt(dk) (dk = 256)", weights=_missing_scale_weights)
+         picture="1 · missing 1/sqrt(dk) (dk = 512)", weights=_missing_scale_weights)
 def demo_missing_scale(dk: int = 512) -> Demo:
     """With dk = 512 unscaled scores have std ~ 22: softmax is nearly one-hot.
 
@@ -354,7 +354,7 @@ def fixed_fp16_scores(q: Tensor, k: Tensor) -> Tensor:
     return torch.softmax(scores, dim=-1).to(q.dtype)
 
 
-@pitfall("fp16_overflow", "float16 overflow of the scores", "01_scaled_dot_product_attention",
+@pitfall("fp16_overflow", "float16 overflow of the scores", "09_common_pitfalls",
          "q . k exceeds float16's largest value 65504: inf, then inf - inf = NaN in the softmax",
          broken=broken_fp16_scores, fixed=fixed_fp16_scores)
 def demo_fp16_overflow() -> Demo:
@@ -464,7 +464,7 @@ class FixedDropoutAttention(BrokenDropoutAttention):
         return F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0)
 
 
-@pitfall("dropout_in_eval", "SDPA dropout in eval mode", "04_multi_head_attention",
+@pitfall("dropout_in_eval", "SDPA dropout in eval mode", "09_common_pitfalls",
          "in eval mode two identical calls give different outputs",
          broken=BrokenDropoutAttention, fixed=FixedDropoutAttention)
 def demo_dropout_in_eval() -> Demo:
@@ -720,7 +720,7 @@ class FixedMaskedAttention(nn.Module):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask[:T, :T])
 
 
-@pitfall("mask_device", "A mask on the CPU while the model is on the GPU", "04_multi_head_attention",
+@pitfall("mask_device", "A mask on the CPU while the model is on the GPU", "09_common_pitfalls",
          "the plain-attribute mask stays on the CPU after .to(device): a device-mismatch error",
          broken=BrokenMaskedAttention, fixed=FixedMaskedAttention)
 def demo_mask_device(device: str = "meta") -> Demo:

@@ -1,102 +1,175 @@
 """Checkers for notebook 09: find and fix the bug in four short, realistic snippets.
 
-Each checker runs the learner's fixed function on fresh inputs, compares it with a reference, and
-when it is still wrong names the *bug class* (the pitfall of the notebook it belongs to): a missing
-position offset, `repeat` for GQA, an inverted key-padding mask, dropout at inference...
+Each checker runs the learner's fixed function on fresh inputs and compares it with a reference
+(torch, or each sequence run alone). When the answer is still wrong it names the *bug class* it sees
+(a missing position offset, a top-left causal mask, a float mask read as a boolean one, the wrong
+width in the scale, an inverted key-padding mask), never the corrected line.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..masks import causal_mask
 from ..positions import RotaryEmbedding
 from . import ExerciseError, NotAttempted, attempt, close, not_attempted, passed, require_tensor
 
-__all__ = ["check_decode_step", "check_gqa_attention", "check_padded_self_attention", "check_attention_step"]
+__all__ = ["check_decode_chunk", "check_padded_sdpa", "check_multi_head_attention", "check_padded_self_attention"]
 
 
 def _bug(pitfall: str, message: str) -> ExerciseError:
     return ExerciseError(f"bug class: {pitfall}. {message}")
 
 
-# ----------------------------------------------------------------------------- 1. decode step with RoPE
+# ----------------------------------------------------------------------------- 1. a chunk of new tokens with RoPE
 
-def _decode_inputs(seed: int = 9, n_cached: int = 5, d: int = 8):
+def _chunk_inputs(seed: int = 9, n_cached: int = 5, n_new: int = 3, d: int = 8):
     g = torch.Generator().manual_seed(seed)
     rope = RotaryEmbedding(d)
-    q, k, v = (torch.randn(1, 2, n_cached + 1, d, generator=g) for _ in range(3))   # (B, h, T, d)
-    pos = torch.arange(n_cached + 1)
-    reference = F.scaled_dot_product_attention(rope(q, pos), rope(k, pos), v, is_causal=True)[..., -1:, :]
-    k_cache = rope(k[..., :-1, :], pos[:-1])                       # cached keys, rotated when they were new
-    return rope, q[..., -1:, :], k[..., -1:, :], v[..., -1:, :], k_cache, v[..., :-1, :], reference, pos
+    q, k, v = (torch.randn(1, 2, n_cached + n_new, d, generator=g) for _ in range(3))   # (B, h, T, d)
+    pos = torch.arange(n_cached + n_new)
+    rq, rk = rope(q, pos), rope(k, pos)
+    reference = F.scaled_dot_product_attention(rq, rk, v, is_causal=True)[..., n_cached:, :]
+    new, old = slice(n_cached, None), slice(None, n_cached)
+    return rope, (q[..., new, :], k[..., new, :], v[..., new, :], rk[..., old, :], v[..., old, :]), rq, rk, v, reference
 
 
-def check_decode_step(fn) -> None:
-    """``fn(q_new, k_new, v_new, k_cache, v_cache, rope) -> (out, k_all, v_all)`` for one new token."""
-    rope, q_new, k_new, v_new, k_cache, v_cache, reference, pos = _decode_inputs()
+def check_decode_chunk(fn) -> None:
+    """``fn(q_new, k_new, v_new, k_cache, v_cache, rope) -> (out, k_all, v_all)`` for a chunk of new tokens.
+
+    q_new, k_new, v_new (B, h, T_new, d), not yet rotated; k_cache (B, h, t, d), already rotated.
+    out must equal the last T_new rows of causal attention over all t + T_new tokens.
+    """
+    rope, args, rq, rk, v, reference = _chunk_inputs()
+    n_new, n_all = args[0].shape[-2], rk.shape[-2]
+    n_cached = n_all - n_new
     try:
-        got = attempt(fn, q_new.clone(), k_new.clone(), v_new.clone(), k_cache.clone(), v_cache.clone(), rope)
+        got = attempt(fn, *(a.clone() for a in args), rope)
     except NotAttempted:
-        return not_attempted("decode_step")
+        return not_attempted("decode_chunk")
     if not (isinstance(got, tuple) and len(got) == 3):
-        raise ExerciseError("decode_step should return three things: (out, k_all, v_all)")
+        raise ExerciseError("decode_chunk should return three things: (out, k_all, v_all)")
     out, k_all, v_all = got
-    out = require_tensor("out", out, (1, 2, 1, 8))
-    k_all = require_tensor("k_all", k_all, (1, 2, 6, 8))
-    require_tensor("v_all", v_all, (1, 2, 6, 8))
-    if close(out, reference) and close(k_all, torch.cat([k_cache, rope(k_new, pos[-1:])], dim=-2)):
-        return passed("the new token is rotated at its true position, len(cache) + 0: cached decoding equals "
-                      "full recomputation")
-    at_zero = rope(k_new, torch.tensor([0]))
-    if close(k_all[..., -1:, :], at_zero) or close(k_all[..., :1, :], at_zero):
+    out = require_tensor("out", out, (1, 2, n_new, 8))
+    k_all = require_tensor("k_all", k_all, (1, 2, n_all, 8))
+    require_tensor("v_all", v_all, (1, 2, n_all, 8))
+    if close(out, reference) and close(k_all, rk):
+        return passed(f"the {n_new} new tokens are rotated at positions {n_cached}..{n_all - 1} and each sees "
+                      "the cache and the new tokens up to itself: the chunk equals full recomputation")
+    k_new = args[1]
+    if close(k_all[..., :n_new, :], rk[..., n_cached:, :]) or close(k_all[..., n_cached:, :], rk[..., :n_cached, :]):
+        raise _bug("cache order", "the new keys went in front of the cache: the cache holds the earlier tokens")
+    if close(k_all[..., n_cached:, :], rope(k_new, torch.arange(n_new))):
         raise _bug("RoPE without the position offset (pitfall 9)",
-                   "the new key is rotated as if it were at position 0; its position is the number of cached "
-                   "tokens: positions = k_cache.shape[-2] + torch.arange(q_new.shape[-2])")
-    if close(k_all[..., :1, :], rope(k_new, pos[-1:])):
-        raise _bug("cache order", "the new key went in front of the cache: torch.cat([k_cache, k_new], dim=-2)")
-    if close(k_all[..., :-1, :], rope(k_cache, pos[:-1])):
-        raise _bug("double rotation", "the cached keys were rotated again: they were rotated when they were new; "
-                   "rotate only q_new and k_new")
-    if close(out, v_cache[..., :1, :]):
+                   f"the new keys are rotated as if the chunk started at position 0; it starts after the "
+                   f"{n_cached} cached tokens")
+    if close(k_all[..., :n_cached, :], rope(rk[..., :n_cached, :], torch.arange(n_cached))):
+        raise _bug("double rotation", "the cached keys were rotated again; they were rotated when they were new")
+    if not close(k_all, rk):
+        raise ExerciseError("k_all should be the cached keys followed by the new keys, each rotated once at its "
+                            "own position")
+    q_new, bottom_right = rq[..., n_cached:, :], causal_mask(n_new, n_all, bottom_right=True)
+    if close(out, F.scaled_dot_product_attention(rope(args[0], torch.arange(n_new)), rk, v, attn_mask=bottom_right)):
+        raise _bug("RoPE without the position offset (pitfall 9)",
+                   "the keys are rotated at their true positions, the new queries are not")
+    if close(out, F.scaled_dot_product_attention(q_new, rk, v, is_causal=True)):
         raise _bug("is_causal=True with a cache (pitfall 8)",
-                   "with is_causal=True torch aligns the mask top-left, so the single new query sees only key 0. "
-                   "One new token may see every cached key: no mask")
-    raise ExerciseError("the output differs from full causal attention over all 6 tokens: rotate q_new and k_new "
-                        "at position len(cache), append k and v to the cache, attend over all keys")
+                   f"is_causal=True aligns the mask top-left: new token 0 sees only key 0, not the {n_cached} "
+                   "cached keys before it. The new tokens are the *last* rows of the causal mask")
+    if close(out, F.scaled_dot_product_attention(q_new, rk, v)):
+        raise _bug("no causal mask inside the chunk",
+                   "with more than one new token, each must not see the new tokens after it: an unmasked call "
+                   "lets new token 0 see tokens 1 and 2")
+    if close(out, F.scaled_dot_product_attention(q_new, rk, v, attn_mask=~bottom_right)):
+        raise _bug("mask polarity (pitfall 3)", "the mask lets each query see exactly the keys it must not: "
+                   "F.scaled_dot_product_attention reads True as may attend")
+    raise ExerciseError("the output differs from the last rows of causal attention over the cache and the chunk")
 
 
-# ----------------------------------------------------------------------------- 2. GQA with repeat
+# ----------------------------------------------------------------------------- 2. a float padding mask
 
-def check_gqa_attention(fn) -> None:
-    """``fn(q, k, v) -> out``: causal GQA, q (B, h, T, d), k and v (B, h_kv, T, d); head i reads kv head i // g."""
-    g = torch.Generator().manual_seed(11)
-    q = torch.randn(2, 6, 5, 4, generator=g)
-    k, v = torch.randn(2, 2, 5, 4, generator=g), torch.randn(2, 2, 5, 4, generator=g)
+def _padded_sdpa_inputs(seed: int = 11):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(3, 2, 6, 4, generator=g) for _ in range(3))              # (B, h, T, d)
+    return q, k, v, torch.tensor([6, 4, 2])
+
+
+def _alone(q, k, v, lengths) -> list[torch.Tensor]:
+    """Each sequence run alone on its real tokens: (h, n, d) per sequence."""
+    return [F.scaled_dot_product_attention(q[b, :, :n], k[b, :, :n], v[b, :, :n])
+            for b, n in enumerate(lengths.tolist())]
+
+
+def check_padded_sdpa(fn) -> None:
+    """``fn(q, k, v, lengths) -> (B, h, T, d)``: no real token attends to a padded key (SDPA, no causal mask)."""
+    q, k, v, lengths = _padded_sdpa_inputs()
     try:
-        got = attempt(fn, q.clone(), k.clone(), v.clone())
+        got = attempt(fn, q.clone(), k.clone(), v.clone(), lengths.clone())
     except NotAttempted:
-        return not_attempted("gqa_attention")
-    got = require_tensor("gqa_attention(q, k, v)", got, (2, 6, 5, 4))
-    want = F.scaled_dot_product_attention(q, k.repeat_interleave(3, 1), v.repeat_interleave(3, 1), is_causal=True)
-    if close(got, want):
-        return passed("repeat_interleave(g, dim=1): query heads 0..g-1 read kv head 0, the grouping of enable_gqa")
-    if close(got, F.scaled_dot_product_attention(q, k.repeat(1, 3, 1, 1), v.repeat(1, 3, 1, 1), is_causal=True)):
-        raise _bug("repeat instead of repeat_interleave (pitfall 11)",
-                   "`.repeat` tiles the kv heads 0, 1, 0, 1, ...: query head 1 reads kv head 1. Use "
-                   "`.repeat_interleave(g, dim=1)` (or F.scaled_dot_product_attention(..., enable_gqa=True))")
-    mixed = [F.scaled_dot_product_attention(q, k.repeat_interleave(3, 1), v.repeat(1, 3, 1, 1), is_causal=True),
-             F.scaled_dot_product_attention(q, k.repeat(1, 3, 1, 1), v.repeat_interleave(3, 1), is_causal=True)]
-    if any(close(got, m) for m in mixed):
-        raise _bug("repeat instead of repeat_interleave (pitfall 11)",
-                   "you fixed one of k and v but not the other: both must use repeat_interleave")
-    if close(got, F.scaled_dot_product_attention(q, k.repeat_interleave(3, 1), v.repeat_interleave(3, 1))):
-        raise _bug("lost causal mask", "the grouping is right but the causal mask is gone: keep is_causal=True")
-    raise ExerciseError("the output differs from causal attention where query head i reads kv head i // g")
+        return not_attempted("padded_sdpa")
+    got = require_tensor("padded_sdpa(q, k, v, lengths)", got, tuple(q.shape))
+    if torch.isnan(got[0]).any():
+        raise _bug("fully masked rows (pitfall 4)", "the full-length sequence came out NaN: its queries had every key "
+                   "masked. Check which keys your mask hides")
+    want = _alone(q, k, v, lengths)
+    if all(close(got[b, :, :n], want[b]) for b, n in enumerate(lengths.tolist())):
+        return passed("the real tokens attend only to real keys: each sequence's real rows equal the sequence run "
+                      "alone, whatever its padding")
+    keep = torch.arange(6)[None, :] < lengths[:, None]                               # (B, S)
+    as_float = F.scaled_dot_product_attention(q, k, v, attn_mask=keep.float()[:, None, None, :])
+    if close(got[1], as_float[1]) or close(got[1], F.scaled_dot_product_attention(q, k, v)[1]):
+        raise _bug("a float mask read as a boolean one",
+                   "the padding is still attended. A float attn_mask is *added* to the scores (-inf hides a key, "
+                   "0 keeps it), only a torch.bool mask means may attend / may not; 1.0 and 0.0 hide nothing")
+    if close(got[1], F.scaled_dot_product_attention(q, k, v, attn_mask=~keep[:, None, None, :])[1]):
+        raise _bug("mask polarity (pitfall 3)", "your mask hides the real tokens and keeps the padding: "
+                   "F.scaled_dot_product_attention reads a boolean True as may attend")
+    raise ExerciseError("the real tokens' outputs should equal each sequence run alone without its padding")
 
 
-# ----------------------------------------------------------------------------- 3. key padding mask polarity
+# ----------------------------------------------------------------------------- 3. the scale of a multi-head layer
+
+def _mha_inputs(seed: int = 13, d_model: int = 32, n_heads: int = 4):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(2, 5, d_model, generator=g)
+    w_qkv = torch.randn(d_model, 3 * d_model, generator=g) / math.sqrt(d_model)
+    return x, w_qkv, n_heads
+
+
+def _heads_attention(x, w_qkv, n_heads, scale=None, is_causal=True):
+    B, T, d_model = x.shape
+    q, k, v = (t.reshape(B, T, n_heads, -1).transpose(1, 2) for t in (x @ w_qkv).chunk(3, dim=-1))
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale)    # (B, h, T, d_head)
+    return out.transpose(1, 2).reshape(B, T, d_model)
+
+
+def check_multi_head_attention(fn) -> None:
+    """``fn(x, w_qkv, n_heads) -> (B, T, d_model)``: causal multi-head attention, scale 1/sqrt(d_head) per head."""
+    x, w_qkv, n_heads = _mha_inputs()
+    d_model = x.shape[-1]
+    try:
+        got = attempt(fn, x.clone(), w_qkv.clone(), n_heads)
+    except NotAttempted:
+        return not_attempted("multi_head_attention")
+    got = require_tensor("multi_head_attention(x, w_qkv, n_heads)", got, tuple(x.shape))
+    if close(got, _heads_attention(x, w_qkv, n_heads)):
+        return passed(f"each head's scores are divided by sqrt(d_head) = sqrt({d_model // n_heads}), the width of "
+                      "the vectors in the dot product: equal to F.scaled_dot_product_attention head by head")
+    for scale, what in ((1 / math.sqrt(d_model), f"sqrt(d_model) = sqrt({d_model}), the model's width"),
+                        (1.0, "nothing (pitfall 1)"), (1 / d_model, "d_model"), (1 / (d_model // n_heads), "d_head")):
+        if close(got, _heads_attention(x, w_qkv, n_heads, scale=scale)):
+            raise _bug("the wrong width in the scale", f"the scores are divided by {what}. The dot products are "
+                       "over one head's vectors: which width sets their variance?")
+    if close(got, _heads_attention(x, w_qkv, n_heads, is_causal=False)):
+        raise _bug("lost causal mask", "the scale is right but the causal mask is gone")
+    raise ExerciseError("the output differs from causal multi-head attention (torch's SDPA run head by head)")
+
+
+# ----------------------------------------------------------------------------- 4. key padding mask polarity
 
 def _padded_reference(mha: nn.MultiheadAttention, x: torch.Tensor, lengths: torch.Tensor) -> list[torch.Tensor]:
     """Each sequence run alone on its real tokens: what the real rows must equal."""
@@ -119,46 +192,15 @@ def check_padded_self_attention(fn) -> None:
     got = require_tensor("padded_self_attention(mha, x, lengths)", got, (3, 6, 8))
     want = _padded_reference(mha, x, lengths)
     if all(close(got[b, :n], want[b], atol=1e-5) for b, n in enumerate(lengths.tolist())):
-        return passed("nn.MultiheadAttention reads key_padding_mask as True = ignore: pass ~keep (the real "
-                      "tokens' rows equal each sequence run alone)")
+        return passed("no real token attends to padding: the real tokens' rows equal each sequence run alone")
     keep = torch.arange(6)[None, :] < lengths[:, None]
     with torch.no_grad():
         inverted = mha(x, x, x, key_padding_mask=keep)[0]
         unmasked = mha(x, x, x)[0]
-    if close(got[1, :4], inverted[1, :4], atol=1e-5):
-        raise _bug("mask polarity (pitfall 3)", "nn.MultiheadAttention reads a boolean key_padding_mask as "
-                   "True = ignore, the opposite of F.scaled_dot_product_attention: your mask hides the real tokens "
-                   "and keeps the padding. Pass ~keep")
+    if torch.isnan(got[0]).all() or close(got[1, :4], inverted[1, :4], atol=1e-5):
+        raise _bug("mask polarity (pitfall 3)", "your mask hides the real tokens and keeps the padding (the "
+                   "full-length sequence has every key hidden: NaN). nn.MultiheadAttention does not read a "
+                   "boolean key_padding_mask the way F.scaled_dot_product_attention reads attn_mask")
     if close(got[1, :4], unmasked[1, :4], atol=1e-5):
-        raise _bug("no padding mask", "the real tokens still attend to the padding: pass key_padding_mask")
+        raise _bug("no padding mask", "the real tokens still attend to the padding")
     raise ExerciseError("the real tokens' outputs should equal each sequence run alone without its padding")
-
-
-# ----------------------------------------------------------------------------- 4. dropout at inference
-
-def check_attention_step(fn) -> None:
-    """``fn(q, k, v, dropout_p, training) -> out``: causal SDPA with dropout only while training."""
-    g = torch.Generator().manual_seed(13)
-    q, k, v = (torch.randn(1, 2, 6, 4, generator=g) for _ in range(3))
-    try:
-        first = attempt(fn, q, k, v, 0.5, False)
-    except NotAttempted:
-        return not_attempted("attention_step")
-    first = require_tensor("attention_step(q, k, v, 0.5, training=False)", first, (1, 2, 6, 4))
-    second = fn(q, k, v, 0.5, False)
-    want = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    if not torch.equal(first, second):
-        raise _bug("SDPA dropout in eval mode (pitfall 7)",
-                   "two calls with training=False differ: F.scaled_dot_product_attention is a function and "
-                   "knows nothing about .eval(); pass dropout_p=dropout_p if training else 0.0")
-    if close(first, F.scaled_dot_product_attention(q, k, v)):
-        raise _bug("lost causal mask", "dropout is gated, but the causal mask is gone: keep is_causal=True")
-    if not close(first, want):
-        raise ExerciseError("with training=False the output should be plain causal attention")
-    with torch.random.fork_rng():                                  # the learner's RNG state is left as it was
-        torch.manual_seed(0)
-        trained = fn(q, k, v, 0.5, True)
-    if close(trained, want):
-        raise _bug("dropout never applied", "with training=True the weights must be dropped (dropout_p=0.5): "
-                   "gate dropout on training, do not remove it")
-    return passed("dropout_p=dropout_p if training else 0.0: deterministic at inference, dropout while training")

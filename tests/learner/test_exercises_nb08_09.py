@@ -9,7 +9,8 @@ from helpers import expect_error, right_and_not_attempted_test
 
 from selfattn_lite import efficient as nb08_efficient
 from selfattn_lite.course.memory import peak_memory
-from selfattn_lite.exercises import nb08, nb09
+from selfattn_lite.exercises import ExerciseError, nb08, nb09
+from selfattn_lite.masks import causal_mask
 
 
 def stub(*args, **kwargs):
@@ -193,94 +194,148 @@ def test_causal_tiled_memory_catches_an_n_by_n_mask():
 # ----------------------------------------------------------------------------- nb09: the fixed snippets
 # Each wrong answer below is the notebook's buggy snippet, or a plausible half-fix of it.
 
-def decode_step_fixed(q_new, k_new, v_new, k_cache, v_cache, rope):
+def _rotate(q_new, k_new, rope, pos):
+    return rope(q_new, pos), rope(k_new, pos)
+
+
+def chunk_fixed(q_new, k_new, v_new, k_cache, v_cache, rope):
     pos = k_cache.shape[-2] + torch.arange(q_new.shape[-2])
-    q_new, k_new = rope(q_new, pos), rope(k_new, pos)
+    q_new, k_new = _rotate(q_new, k_new, rope, pos)
     k_all, v_all = torch.cat([k_cache, k_new], dim=-2), torch.cat([v_cache, v_new], dim=-2)
-    return F.scaled_dot_product_attention(q_new, k_all, v_all), k_all, v_all
+    mask = causal_mask(q_new.shape[-2], k_all.shape[-2], bottom_right=True)
+    return F.scaled_dot_product_attention(q_new, k_all, v_all, attn_mask=mask), k_all, v_all
 
 
-def decode_step_buggy(q_new, k_new, v_new, k_cache, v_cache, rope):
-    pos = torch.arange(q_new.shape[-2])                              # the bug: no offset
-    q_new, k_new = rope(q_new, pos), rope(k_new, pos)
+def chunk_float_mask(q_new, k_new, v_new, k_cache, v_cache, rope):
+    """Another right answer: an additive float mask, built by hand."""
+    t, n = k_cache.shape[-2], q_new.shape[-2]
+    q_new, k_new = _rotate(q_new, k_new, rope, t + torch.arange(n))
     k_all, v_all = torch.cat([k_cache, k_new], dim=-2), torch.cat([v_cache, v_new], dim=-2)
-    return F.scaled_dot_product_attention(q_new, k_all, v_all), k_all, v_all
+    future = torch.arange(t + n)[None, :] > t + torch.arange(n)[:, None]
+    mask = torch.zeros(n, t + n).masked_fill(future, float("-inf"))
+    return F.scaled_dot_product_attention(q_new, k_all, v_all, attn_mask=mask), k_all, v_all
 
 
-def decode_step_front(q_new, k_new, v_new, k_cache, v_cache, rope):
-    pos = k_cache.shape[-2] + torch.arange(q_new.shape[-2])
-    q_new, k_new = rope(q_new, pos), rope(k_new, pos)
-    k_all, v_all = torch.cat([k_new, k_cache], dim=-2), torch.cat([v_new, v_cache], dim=-2)
-    return F.scaled_dot_product_attention(q_new, k_all, v_all), k_all, v_all
+def chunk_variant(offset=True, mask="bottom_right", front=False, rotate_cache=False, offset_q=True):
+    def fn(q_new, k_new, v_new, k_cache, v_cache, rope):
+        t, n = k_cache.shape[-2], q_new.shape[-2]
+        pos = (t if offset else 0) + torch.arange(n)
+        q_new = rope(q_new, pos if offset_q else torch.arange(n))
+        k_new = rope(k_new, pos)
+        if rotate_cache:
+            k_cache = rope(k_cache, torch.arange(t))
+        parts_k, parts_v = ([k_new, k_cache], [v_new, v_cache]) if front else ([k_cache, k_new], [v_cache, v_new])
+        k_all, v_all = torch.cat(parts_k, dim=-2), torch.cat(parts_v, dim=-2)
+        kwargs = {"bottom_right": dict(attn_mask=causal_mask(n, t + n, bottom_right=True)),
+                  "inverted": dict(attn_mask=~causal_mask(n, t + n, bottom_right=True)),
+                  "is_causal": dict(is_causal=True), "none": {}}[mask]
+        return F.scaled_dot_product_attention(q_new, k_all, v_all, **kwargs), k_all, v_all
+    return fn
 
 
-def decode_step_rotate_all(q_new, k_new, v_new, k_cache, v_cache, rope):
-    k_all, v_all = torch.cat([k_cache, k_new], dim=-2), torch.cat([v_cache, v_new], dim=-2)
-    pos = torch.arange(k_all.shape[-2])
-    k_all = rope(k_all, pos)                                         # rotates the cache a second time
-    q_new = rope(q_new, pos[-1:])
-    return F.scaled_dot_product_attention(q_new, k_all, v_all), k_all, v_all
-
-
-def decode_step_causal(q_new, k_new, v_new, k_cache, v_cache, rope):
-    pos = k_cache.shape[-2] + torch.arange(q_new.shape[-2])
-    q_new, k_new = rope(q_new, pos), rope(k_new, pos)
-    k_all, v_all = torch.cat([k_cache, k_new], dim=-2), torch.cat([v_cache, v_new], dim=-2)
-    return F.scaled_dot_product_attention(q_new, k_all, v_all, is_causal=True), k_all, v_all
-
-
-RIGHT["decode_step"] = nb09.check_decode_step, decode_step_fixed
+RIGHT["decode_chunk"] = nb09.check_decode_chunk, chunk_fixed
+RIGHT["decode_chunk_float_mask"] = nb09.check_decode_chunk, chunk_float_mask
 
 
 @pytest.mark.parametrize("wrong,fragment", [
-    (decode_step_buggy, "bug class: RoPE without the position offset"),
-    (decode_step_front, "bug class: cache order"),
-    (decode_step_rotate_all, "bug class: double rotation"),
-    (decode_step_causal, "bug class: is_causal=True with a cache"),
-    (lambda *a: decode_step_fixed(*a)[0], "three things"),
+    (chunk_variant(offset=False, mask="is_causal"), "bug class: RoPE without the position offset"),   # the stub
+    (chunk_variant(offset=False), "bug class: RoPE without the position offset"),
+    (chunk_variant(offset_q=False), "the new queries are not"),
+    (chunk_variant(mask="is_causal"), "bug class: is_causal=True with a cache"),
+    (chunk_variant(mask="none"), "bug class: no causal mask inside the chunk"),
+    (chunk_variant(mask="inverted"), "bug class: mask polarity"),
+    (chunk_variant(front=True), "bug class: cache order"),
+    (chunk_variant(rotate_cache=True), "bug class: double rotation"),
+    (lambda *a: chunk_fixed(*a)[0], "three things"),
 ])
-def test_decode_step_diagnoses(wrong, fragment):
-    expect_error(nb09.check_decode_step, wrong, fragment)
+def test_decode_chunk_diagnoses(wrong, fragment):
+    expect_error(nb09.check_decode_chunk, wrong, fragment)
 
 
-def gqa_fixed(q, k, v):
-    g = q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
-    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+def _keep(k, lengths):
+    return torch.arange(k.shape[-2])[None, :] < lengths[:, None]                      # (B, S) True = real key
 
 
-def gqa_buggy(q, k, v):
-    g = q.shape[1] // k.shape[1]
-    k, v = k.repeat(1, g, 1, 1), v.repeat(1, g, 1, 1)
-    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+def padded_sdpa_fixed(q, k, v, lengths):
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=_keep(k, lengths)[:, None, None, :])
 
 
-def gqa_half_fixed(q, k, v):
-    g = q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(g, dim=1), v.repeat(1, g, 1, 1)
-    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+def padded_sdpa_log(q, k, v, lengths):
+    """Another right answer: the additive form, 0 for a real key and -inf for padding."""
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=_keep(k, lengths).float().log()[:, None, None, :])
 
 
-RIGHT["gqa_attention"] = nb09.check_gqa_attention, gqa_fixed
-RIGHT["gqa_attention_enable_gqa"] = (
-    nb09.check_gqa_attention,
-    lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True))
+RIGHT["padded_sdpa"] = nb09.check_padded_sdpa, padded_sdpa_fixed
+RIGHT["padded_sdpa_log"] = nb09.check_padded_sdpa, padded_sdpa_log
+
+
+def _manual_inverted(q, k, v, lengths):
+    scores = (q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5).masked_fill(_keep(k, lengths)[:, None, None, :],
+                                                                          float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v
 
 
 @pytest.mark.parametrize("wrong,fragment", [
-    (gqa_buggy, "bug class: repeat instead of repeat_interleave"),
-    (gqa_half_fixed, "one of k and v"),
-    (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, enable_gqa=True), "bug class: lost causal mask"),
-    (lambda q, k, v: q, "differs from causal attention"),
-    (lambda q, k, v: gqa_fixed(q, k, v)[:, :2], "shape"),
+    (lambda q, k, v, n: F.scaled_dot_product_attention(q, k, v, attn_mask=_keep(k, n).float()[:, None, None, :]),
+     "bug class: a float mask read as a boolean one"),                                                   # the stub
+    (lambda q, k, v, n: F.scaled_dot_product_attention(q, k, v), "bug class: a float mask read as a boolean one"),
+    (lambda q, k, v, n: F.scaled_dot_product_attention(q, k, v, attn_mask=~_keep(k, n)[:, None, None, :]),
+     "bug class: mask polarity"),
+    (_manual_inverted, "bug class: fully masked rows"),
+    (lambda q, k, v, n: q, "each sequence run alone"),
+    (lambda q, k, v, n: padded_sdpa_fixed(q, k, v, n)[:, :1], "shape"),
 ])
-def test_gqa_attention_diagnoses(wrong, fragment):
-    expect_error(nb09.check_gqa_attention, wrong, fragment)
+def test_padded_sdpa_diagnoses(wrong, fragment):
+    expect_error(nb09.check_padded_sdpa, wrong, fragment)
+
+
+def mha_scaled(divisor):
+    def fn(x, w_qkv, n_heads):
+        B, T, d_model = x.shape
+        q, k, v = (t.reshape(B, T, n_heads, -1).transpose(1, 2) for t in (x @ w_qkv).chunk(3, dim=-1))
+        scores = q @ k.transpose(-2, -1) / divisor(d_model, n_heads)
+        scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+        return (torch.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(B, T, d_model)
+    return fn
+
+
+def mha_sdpa(x, w_qkv, n_heads):
+    """Another right answer: torch's SDPA, whose default scale is 1/sqrt(q.shape[-1])."""
+    B, T, d_model = x.shape
+    q, k, v = (t.reshape(B, T, n_heads, -1).transpose(1, 2) for t in (x @ w_qkv).chunk(3, dim=-1))
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, T, d_model)
+
+
+RIGHT["multi_head_attention"] = nb09.check_multi_head_attention, mha_scaled(lambda d, h: math.sqrt(d // h))
+RIGHT["multi_head_attention_sdpa"] = nb09.check_multi_head_attention, mha_sdpa
+
+
+def mha_unmasked(x, w_qkv, n_heads):
+    B, T, d_model = x.shape
+    q, k, v = (t.reshape(B, T, n_heads, -1).transpose(1, 2) for t in (x @ w_qkv).chunk(3, dim=-1))
+    return F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(B, T, d_model)
+
+
+@pytest.mark.parametrize("wrong,fragment", [
+    (mha_scaled(lambda d, h: math.sqrt(d)), "sqrt(d_model)"),                                          # the stub
+    (mha_scaled(lambda d, h: 1.0), "nothing"),
+    (mha_scaled(lambda d, h: d // h), "by d_head"),
+    (mha_unmasked, "bug class: lost causal mask"),
+    (lambda x, w, h: x, "differs from causal multi-head attention"),
+])
+def test_multi_head_attention_diagnoses(wrong, fragment):
+    expect_error(nb09.check_multi_head_attention, wrong, fragment)
 
 
 def padded_fixed(mha, x, lengths):
     keep = torch.arange(x.shape[1])[None, :] < lengths[:, None]     # (B, T) True = real token
     return mha(x, x, x, key_padding_mask=~keep)[0]
+
+
+def padded_float(mha, x, lengths):
+    """Another right answer: a float key_padding_mask, -inf on the padding."""
+    pad = torch.arange(x.shape[1])[None, :] >= lengths[:, None]
+    return mha(x, x, x, key_padding_mask=torch.zeros(pad.shape).masked_fill(pad, float("-inf")))[0]
 
 
 def padded_buggy(mha, x, lengths):
@@ -289,6 +344,7 @@ def padded_buggy(mha, x, lengths):
 
 
 RIGHT["padded_self_attention"] = nb09.check_padded_self_attention, padded_fixed
+RIGHT["padded_self_attention_float"] = nb09.check_padded_self_attention, padded_float
 
 
 @pytest.mark.parametrize("wrong,fragment", [
@@ -300,26 +356,20 @@ def test_padded_self_attention_diagnoses(wrong, fragment):
     expect_error(nb09.check_padded_self_attention, wrong, fragment)
 
 
-def step_fixed(q, k, v, dropout_p, training):
-    return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p if training else 0.0, is_causal=True)
-
-
-def step_buggy(q, k, v, dropout_p, training):
-    return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
-
-
-RIGHT["attention_step"] = nb09.check_attention_step, step_fixed
-
-
-@pytest.mark.parametrize("wrong,fragment", [
-    (step_buggy, "bug class: SDPA dropout in eval mode"),
-    (lambda q, k, v, p, training: F.scaled_dot_product_attention(q, k, v, is_causal=True), "dropout never applied"),
-    (lambda q, k, v, p, training: F.scaled_dot_product_attention(q, k, v, dropout_p=p if training else 0.0),
-     "bug class: lost causal mask"),
-    (lambda q, k, v, p, training: v, "plain causal attention"),
-])
-def test_attention_step_diagnoses(wrong, fragment):
-    expect_error(nb09.check_attention_step, wrong, fragment)
+def test_no_message_prints_the_fixed_line():
+    """The checkers name the bug class for the untouched stubs; they do not hand out the corrected code."""
+    messages = []
+    for wrong, checker in ((chunk_variant(offset=False, mask="is_causal"), nb09.check_decode_chunk),
+                           (lambda q, k, v, n: F.scaled_dot_product_attention(
+                               q, k, v, attn_mask=_keep(k, n).float()[:, None, None, :]), nb09.check_padded_sdpa),
+                           (mha_scaled(lambda d, h: math.sqrt(d)), nb09.check_multi_head_attention),
+                           (padded_buggy, nb09.check_padded_self_attention)):
+        with pytest.raises(ExerciseError) as info:
+            checker(wrong)
+        messages.append(str(info.value))
+    for message in messages:
+        for fix in ("torch.arange(", "bottom_right=True", ".bool()", "d_model // n_heads", "~keep", "sqrt(d_head)"):
+            assert fix not in message, (fix, message)
 
 
 test_right_and_not_attempted = right_and_not_attempted_test(RIGHT, stub)
