@@ -38,20 +38,29 @@ __all__ = ["timing_worker", "memory_worker", "self_check", "main"]
 def timing_worker(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, layout: str, budget_s: float = 0.5) -> dict:
     """Time ``ring_attention`` on this rank's shard (``bench.time_fn``), after a barrier.
 
+    No CPU tensor is handed to a collective under nccl (it moves only GPU tensors; a CPU tensor raises
+    "No backend type associated with device type cpu"): the shards go to ``device()``, and the number of
+    timed calls is agreed with ``all_gather_object``, which places the int where the backend wants it.
+
     Returns:
-        {"seconds": median seconds per call, "out": this rank's output shard}.
+        {"seconds": median seconds per call, "out": this rank's output shard, "backend": the process
+        group's backend, "device": the device this rank computed on, "threads": its torch threads}.
     """
     rank, world = dist.get_rank(), dist.get_world_size()
-    q, k, v = (shard(t, rank, world, layout=layout).to(device()) for t in (q, k, v))
+    where = device()
+    q, k, v = (shard(t, rank, world, layout=layout).to(where) for t in (q, k, v))
     with torch.no_grad():
         out = ring_attention(q, k, v, is_causal=is_causal, layout=layout)
         dist.barrier()
-        # every rank must make the same number of calls (each call communicates): fix the repeats
-        repeat = torch.tensor([max(3, int(budget_s / max(_once(q, k, v, is_causal, layout), 1e-6)))])
-        dist.all_reduce(repeat, op=dist.ReduceOp.MIN)
+        # every rank must make the same number of calls (each call communicates): agree on the fewest
+        # (an object collective: torch moves the int on the device the backend serves, CPU or GPU)
+        counts = [None] * world
+        dist.all_gather_object(counts, max(3, int(budget_s / max(_once(q, k, v, is_causal, layout), 1e-6))))
+        repeat = min(min(counts), 50)
         seconds = bench.time_fn(lambda: ring_attention(q, k, v, is_causal=is_causal, layout=layout),
-                                device=q.device, warmup=1, repeat=min(int(repeat), 50), number=1)
-    return {"seconds": seconds, "out": out.cpu()}
+                                device=q.device, warmup=1, repeat=repeat, number=1)
+    return {"seconds": seconds, "out": out.cpu(), "backend": str(dist.get_backend()), "device": str(where),
+            "threads": torch.get_num_threads()}
 
 
 def memory_worker(q: Tensor, k: Tensor, v: Tensor, method: str = "ring", is_causal: bool = False) -> int:
@@ -71,6 +80,8 @@ def memory_worker(q: Tensor, k: Tensor, v: Tensor, method: str = "ring", is_caus
 def _once(q, k, v, is_causal, layout) -> float:
     start = time.perf_counter()
     ring_attention(q, k, v, is_causal=is_causal, layout=layout)
+    if q.device.type == "cuda":
+        torch.cuda.synchronize(q.device)
     return time.perf_counter() - start
 
 

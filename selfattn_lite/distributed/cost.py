@@ -151,7 +151,8 @@ def activation_values_per_token(*, d_model: int, n_heads: int, n_kv_heads: int |
 
 def max_sequence_length(n_devices: int, gib_per_device: float, *, d_model: int, n_layers: int,
                         n_heads: int, n_kv_heads: int | None = None, ffn_dim: int, bytes_per_value: int = 2,
-                        reserved_gib: float = 0.0, checkpoint: bool = True, vocab_size: int | None = None) -> dict:
+                        reserved_gib: float = 0.0, checkpoint: bool = True, vocab_size: int | None = None,
+                        loss_itemsize: int | None = None) -> dict:
     """The longest training sequence that fits, per strategy, on paper: at the backward's peak.
 
     A model stated so it can be argued with, not a capacity. ``reserved_gib`` per device is what does
@@ -178,11 +179,14 @@ def max_sequence_length(n_devices: int, gib_per_device: float, *, d_model: int, 
       d + (4 R - 2) d_kv, R = ``kv_replication``; None when W does not divide the query heads.
 
     * the LM head (``vocab_size`` V given; None leaves it out): before the layers' backward the loss
-      holds the logits and their gradient, 2 V values per token, on top of what the forward kept
-      (n_layers * d, or n_layers * A), and frees them before the first layer's backward; the peak is
-      the larger of the two moments.
+      holds the logits and their gradient, on top of what the forward kept (n_layers * d, or
+      n_layers * A), and frees them before the first layer's backward; the peak is the larger of the
+      two moments. ``loss_itemsize`` c is the bytes per value the loss computes in: None (or c = b)
+      keeps the logits in the model's dtype, 2 V b bytes per token (logits and gradient); a larger c
+      is the common upcast (Hugging Face's ``ForCausalLMLoss`` does ``logits.float()``, c = 4): the
+      b-byte logits stay, the loss's c-byte log-probabilities and their gradient join them, V (b + 2 c).
 
-    Per device: n * max(kept + A + extra, kept_fwd + 2 V) * b <= (gib_per_device - reserved_gib) GiB.
+    Per device: n * max((kept + A + extra) b, kept_fwd b + LM head) <= (gib_per_device - reserved_gib) GiB.
 
     Returns:
         {"single": L, "ring": L, "ulysses": L or None, "bytes_per_token": {strategy: bytes per token of a
@@ -197,6 +201,8 @@ def max_sequence_length(n_devices: int, gib_per_device: float, *, d_model: int, 
     check_bool("checkpoint", checkpoint)
     if vocab_size is not None:
         check_positive_int("vocab_size", vocab_size)
+    if loss_itemsize is not None:
+        check_positive_int("loss_itemsize", loss_itemsize)
     gib_per_device = check_real("gib_per_device", gib_per_device, low=0, low_open=True, high=math.inf, high_open=True)
     reserved_gib = check_real("reserved_gib", reserved_gib, low=0, high=math.inf, high_open=True)
     if d_model % n_heads:
@@ -209,7 +215,12 @@ def max_sequence_length(n_devices: int, gib_per_device: float, *, d_model: int, 
     layer = activation_values_per_token(d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv_heads, ffn_dim=ffn_dim)
     kept = n_layers * d_model + layer if checkpoint else n_layers * layer
     base = kept + layer                                                 # + one layer's gradients
-    loss = 0 if vocab_size is None else kept - (layer if checkpoint else 0) + 2 * vocab_size   # logits, their grad
+    b = bytes_per_value
+    if vocab_size is None:
+        loss = 0
+    else:                                                               # bytes: what the forward kept + the LM head
+        head = 2 * vocab_size * b if loss_itemsize in (None, b) else vocab_size * (b + 2 * loss_itemsize)
+        loss = (kept - (layer if checkpoint else 0)) * b + head
     n = n_devices
     step = 2 * n
 
@@ -221,10 +232,10 @@ def max_sequence_length(n_devices: int, gib_per_device: float, *, d_model: int, 
     except ValueError:
         copies = None                                                   # the query heads cap the degree
     spread = n > 1                                                      # one device: nothing travels
-    per_token = {"single": max(base, loss) * bytes_per_value,
-                 "ring": max(base + spread * 8 * d_kv, loss) * bytes_per_value,
+    per_token = {"single": max(base * b, loss),
+                 "ring": max((base + spread * 8 * d_kv) * b, loss),
                  "ulysses": None if copies is None else
-                 max(base + spread * (d_model + (4 * copies - 2) * d_kv), loss) * bytes_per_value}
+                 max((base + spread * (d_model + (4 * copies - 2) * d_kv)) * b, loss)}
     return {"single": int(budget / per_token["single"]) // 2 * 2, "ring": down(budget * n / per_token["ring"]),
             "ulysses": None if copies is None else down(budget * n / per_token["ulysses"]),
             "bytes_per_token": per_token}

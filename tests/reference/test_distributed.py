@@ -479,3 +479,17 @@ def test_max_sequence_length_counts_the_lm_head():
     assert off["bytes_per_token"]["single"] == max(33 * layer, 32 * layer + 2 * 128_256) * 2
     with pytest.raises(ValueError, match="vocab_size"):
         D.max_sequence_length(8, 80, **kw, vocab_size=0)
+
+
+def test_max_sequence_length_with_the_loss_upcast_to_float32():
+    kw = dict(d_model=8192, n_layers=80, n_heads=64, n_kv_heads=8, ffn_dim=28672)     # Llama-3-70B's shapes
+    bf16 = D.max_sequence_length(8, 80, **kw, reserved_gib=20, vocab_size=128_256)
+    assert D.max_sequence_length(8, 80, **kw, reserved_gib=20, vocab_size=128_256, loss_itemsize=2) == bf16
+    fp32 = D.max_sequence_length(8, 80, **kw, reserved_gib=20, vocab_size=128_256, loss_itemsize=4)
+    head = 80 * 8192 * 2 + 128_256 * (2 + 4 + 4)          # each layer's input (bf16), bf16 logits, fp32 log-probs, fp32 grad
+    assert fp32["bytes_per_token"] == {"single": head, "ring": head, "ulysses": head}          # the LM head binds
+    assert bf16["bytes_per_token"]["ring"] < head                                               # in bf16 it does not
+    assert fp32["ring"] == int(60 * 2**30 * 8 / head) // 16 * 16
+    assert 0.22 < 1 - fp32["ring"] / bf16["ring"] < 0.26
+    with pytest.raises(ValueError, match="loss_itemsize"):
+        D.max_sequence_length(8, 80, **kw, vocab_size=128_256, loss_itemsize=0)
