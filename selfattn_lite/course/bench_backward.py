@@ -37,8 +37,8 @@ from . import bench
 from .bench_efficient import EXPLICIT, SDPA, TILED, attention_inputs, command_line, provenance, save, target_ratios
 from .memory import peak_memory
 
-__all__ = ["TARGET_MEMORY_RATIO", "TARGET_TIME_RATIO", "forward_backward", "implementations", "measure",
-           "check_targets", "run", "main"]
+__all__ = ["TARGET_MEMORY_RATIO", "TARGET_TIME_RATIO", "forward_backward", "implementations", "step_flops",
+           "measure", "check_targets", "run", "main"]
 
 TARGET_MEMORY_RATIO, TARGET_TIME_RATIO = 1 / 8, 3.0
 
@@ -70,6 +70,20 @@ def implementations(q, k, v, grad_out, *, is_causal: bool = False, block_size=No
     return calls
 
 
+def step_flops(B: int, H: int, n: int, D: int, *, is_causal: bool = False) -> dict:
+    """name -> FLOPs of one forward + backward of self-attention at length n, as each implementation does it.
+
+    The forward is two matrix products (S = Q Kᵀ, O = P V), ``bench.attention_flops``. Explicit
+    attention's backward is four more (dV, dP, dQ, dK): 3x the forward, and it computes every score
+    whether or not a causal mask hides it (the full count). The tiled and fused kernels recompute S
+    in the backward, five products: 3.5x the forward, and they skip the tiles a causal mask hides
+    (half the count).
+    """
+    full = bench.attention_flops(B, H, n, n, D)
+    skipping = bench.attention_flops(B, H, n, n, D, is_causal=is_causal)
+    return {SDPA: 3.5 * skipping, TILED: 3.5 * skipping, EXPLICIT: 3.0 * full}
+
+
 def _check_all_grads(calls: dict, atol: float = 1e-4, rtol: float = 1e-4) -> None:
     """dq, dk and dv of every implementation agree with torch SDPA's (``bench.compare`` checks dq only)."""
     expected = calls[SDPA]()
@@ -96,15 +110,15 @@ def measure(ns, *, B: int = 1, H: int = 8, D: int = 64, dtype=torch.float32, dev
     records = []
     for n in ns:
         q, k, v, grad_out = _inputs(B, H, n, D, dtype, device)
-        flops = 3.5 * bench.attention_flops(B, H, n, n, D, is_causal=is_causal)   # backward ~ 2.5x the forward
+        flops = step_flops(B, H, n, D, is_causal=is_causal)                      # name -> FLOPs of one step
         calls = implementations(q, k, v, grad_out, is_causal=is_causal, block_size=block_size)
         _check_all_grads(calls, **({} if dtype == torch.float32 else dict(atol=5e-2, rtol=5e-2)))
         rows = bench.compare(calls, reference=SDPA, flops=flops, device=device, budget_s=budget_s)
         for row in rows:
             peak = peak_memory(calls[row.name], device) / 2**20
             records.append(dict(n=n, impl=row.name, ms=row.ms, ratio_vs_sdpa=row.ratio, peak_mib=peak,
-                                max_abs_err=row.max_abs_err, flops=flops, device=row.device, dtype=row.dtype,
-                                gflops=row.gflops))
+                                max_abs_err=row.max_abs_err, flops=flops[row.name], device=row.device,
+                                dtype=row.dtype, gflops=row.gflops))
         del q, k, v, grad_out, calls
     return records
 
