@@ -397,8 +397,9 @@ class MultiHeadLatentAttention(nn.Module):
         o_latent = F.scaled_dot_product_attention(q.reshape(B, 1, h * L, width), k, v, attn_mask=rows_mask,
                                                   scale=self.scale)       # (B, 1, h L, d_c)
         o_latent = o_latent.view(B, h, L, self.kv_lora_rank)              # (B, h, L, d_c)
-        if fold is not None:
-            return torch.einsum("bhlc,dhc->bld", o_latent, fold)          # (B, L, d): W^O_i W^UV_i at once
+        if fold is not None:                                              # W^O_i W^UV_i at once, one matmul:
+            rows = o_latent.transpose(1, 2).reshape(B, L, h * self.kv_lora_rank)   # (B, L, h d_c)
+            return rows @ fold.reshape(self.d_model, h * self.kv_lora_rank).T     # (B, L, d)
         o = torch.einsum("bhlc,hvc->blhv", o_latent, w_uv)                # (B, L, h, v): W^UV_i per head
         return self.o_proj(o.reshape(B, L, h * self.v_head_dim))          # (B, L, d)
 

@@ -1,6 +1,6 @@
 """Checkers for notebook 13: the batch from which an MLA decode step reads more cache than weights, the
-absorbed MLA decode step, the slot of a ring buffer with sinks, per-document positions of a packed sequence,
-and a FlexAttention mask_mod and score_mod."""
+absorbed MLA decode step, StreamingLLM's positions inside a sink cache, and FlexAttention mask_mods (a prefix
+LM; packed documents under a sliding window) and a score_mod."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from .. import flex
 from ..mla import MultiHeadLatentAttention, mla_decode_flops, mla_weight_values
 from . import ExerciseError, NotAttempted, attempt, close, not_attempted, passed, require_tensor
 
-__all__ = ["check_crossover_batch", "check_absorbed_decode", "check_sink_slot", "check_document_positions",
+__all__ = ["check_crossover_batch", "check_absorbed_decode", "check_cache_positions", "check_doc_window_mod",
            "check_prefix_lm_mask_mod", "check_softcap_score_mod"]
 
 
@@ -220,59 +220,6 @@ def _diagnose_decode(fn, args, got) -> None:
                         "sum_j p_j c_j; o_i = W^UV_i o_latent; y = W^O [o_1 ; ... ; o_h]")
 
 
-def check_sink_slot(fn) -> None:
-    """``fn(position, n_sink, window) -> int``: the slot of a token in a sink + ring-buffer cache."""
-    try:
-        attempt(fn, 0, 2, 4)
-    except NotAttempted:
-        return not_attempted("sink_slot")
-
-    def want(p, s, w):
-        return p if p < s else s + (p - s) % w
-    for s, w in ((2, 4), (0, 5), (4, 3), (1, 1)):
-        for p in range(20):
-            got = attempt(fn, p, s, w)
-            if isinstance(got, torch.Tensor):
-                got = got.item()
-            if got == want(p, s, w):
-                continue
-            if p >= s and got == p % w:
-                raise ExerciseError(f"position {p} (n_sink={s}, window={w}): p % window writes over the sink "
-                                    "slots; the ring starts after them: n_sink + (p - n_sink) % window")
-            if p >= s and got == p % (s + w):
-                raise ExerciseError(f"position {p} (n_sink={s}, window={w}): p % (n_sink + window) evicts the "
-                                    "sinks once it wraps; only the window part rolls")
-            if p >= s and got == s + p % w:
-                raise ExerciseError(f"position {p} (n_sink={s}, window={w}): count the ring from the first "
-                                    "non-sink token, (p - n_sink) % window")
-            raise ExerciseError(f"sink_slot({p}, {s}, {w}) should be {want(p, s, w)}, got {got}")
-    return passed("sinks in slots 0 .. n_sink-1, then a ring: n_sink + (p − n_sink) mod window")
-
-
-def check_document_positions(fn) -> None:
-    """``fn(doc_ids (T,)) -> (T,) long``: each token's position inside its own document."""
-    docs = torch.tensor([0, 0, 0, 1, 1, 2, 2, 2, 2, 3])
-    try:
-        got = attempt(fn, docs.clone())
-    except NotAttempted:
-        return not_attempted("doc_positions")
-    got = require_tensor("doc_positions(doc_ids)", got, (10,))
-    want = torch.tensor([0, 1, 2, 0, 1, 0, 1, 2, 3, 0])
-    if torch.equal(got, torch.arange(10)):
-        raise ExerciseError("those are the positions in the packed row: restart at 0 where a new document begins")
-    if torch.equal(got, want + 1):
-        raise ExerciseError("off by one: a document's first token is at position 0")
-    if torch.equal(got, docs):
-        raise ExerciseError("that is the document id, not the position inside the document")
-    if not torch.equal(got.long(), want):
-        raise ExerciseError(f"for doc_ids {docs.tolist()} expected {want.tolist()}, got {got.tolist()}")
-    other = torch.tensor([5, 5, 9, 9, 9, 9, 1])
-    if not torch.equal(attempt(fn, other.clone()).long(), torch.tensor([0, 1, 0, 1, 2, 3, 0])):
-        raise ExerciseError("right for the first example, not for doc_ids [5, 5, 9, 9, 9, 9, 1]: a document is a run "
-                            "of equal ids, whatever their values")
-    return passed("positions restart at 0 in each document, as if each were run alone")
-
-
 # ---------------------------------------------------------------------------------------------
 # FlexAttention: a mask_mod and a score_mod for a given pattern, checked against the dense forms
 # ---------------------------------------------------------------------------------------------
@@ -392,3 +339,103 @@ def check_softcap_score_mod(make_mod) -> None:
         if close(out, dense(wrong), atol=1e-9):
             raise ExerciseError(message)
     raise ExerciseError("the output differs from the dense computation with scores cap * tanh(score / cap)")
+
+
+def check_cache_positions(fn) -> None:
+    """``fn(kept (C,), n_sink) -> (C,)``: StreamingLLM's position for each slot of a sink cache.
+
+    ``kept`` is ``SinkKVCache.kept_positions()``: the original position each slot holds, in slot order. The
+    sinks keep 0 .. n_sink-1; the window's keys get n_sink, n_sink + 1, ... from the oldest to the newest,
+    whatever slot the ring put them in.
+    """
+    from ..kv_cache import SinkKVCache
+
+    try:
+        attempt(fn, torch.tensor([0, 1, 2]), 1)
+    except NotAttempted:
+        return not_attempted("cache_positions")
+
+    def want(kept, s):
+        return torch.cat([kept[:s], s + kept[s:].argsort().argsort()])
+
+    for n_tokens, s, w in ((10, 2, 4), (9, 0, 5), (7, 2, 4), (15, 3, 5), (4, 2, 4), (23, 1, 6)):
+        cache = SinkKVCache(1, 1, 1, window=w, n_sink=s)
+        for _ in range(n_tokens):
+            cache.update(torch.zeros(1, 1, 1, 1), torch.zeros(1, 1, 1, 1))
+        kept = cache.kept_positions()
+        got = require_tensor(f"cache_positions({kept.tolist()}, {s})", attempt(fn, kept.clone(), s), kept.shape)
+        got, right = got.long(), want(kept, s)
+        if torch.equal(got, right):
+            continue
+        where = f"for kept {kept.tolist()} (n_sink={s}, window={w}) expected {right.tolist()}, got {got.tolist()}"
+        if not torch.equal(got[:s], kept[:s]):
+            raise ExerciseError(f"the sinks keep positions 0 .. n_sink-1: {where}")
+        if torch.equal(got, kept):
+            raise ExerciseError(f"those are the original positions (kept itself); StreamingLLM renumbers the keys by "
+                                f"their place in the cache: {where}")
+        if torch.equal(got, torch.arange(len(kept))):
+            raise ExerciseError(f"that is the slot index: once the ring wraps, the oldest window key is not in the "
+                                f"first window slot; rank the window's keys by age: {where}")
+        if torch.equal(got[s:], s + kept[s:].argsort()):
+            raise ExerciseError(f"argsort gives, for each rank, the slot holding it; the rank of each slot is the "
+                                f"argsort of that (argsort twice): {where}")
+        raise ExerciseError(where)
+    return passed("the sinks keep 0 .. n_sink-1, the window's keys are renumbered from n_sink by age, whatever "
+                  "slot holds them: the distances a query meets never exceed the cache size")
+
+
+def check_doc_window_mod(make_mod) -> None:
+    """``make_mod(doc_ids (T,), window) -> mask_mod``: packed documents, each causal within a sliding window.
+
+    Dense: same document & kv <= q & q - kv < window (``document_mask(doc_ids, is_causal=True) &
+    sink_window_mask(T, 0, window)``). Checked pair by pair, then through ``flex_attention``.
+    """
+    from ..masks import document_mask, sink_window_mask
+
+    docs, window = torch.tensor([0] * 9 + [1] * 14 + [2] * 3 + [3] * 10), 5
+    T = len(docs)
+    try:
+        mod = attempt(make_mod, docs.clone(), window)
+        if mod is None or not callable(mod):
+            raise ExerciseError(f"doc_window_mod(doc_ids, {window}) should return a function (b, h, q_idx, kv_idx) "
+                                f"-> bool tensor, got {type(mod).__name__}")
+        got = _dense(mod, T)
+    except NotAttempted:
+        return not_attempted("doc_window_mod")
+    except ExerciseError:
+        raise
+    except Exception as error:  # noqa: BLE001 - a learner's mask_mod can fail in many ways
+        raise _flex_error(error, "mask_mod") from None
+    same = document_mask(docs)
+    i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
+    want = document_mask(docs, is_causal=True) & sink_window_mask(T, 0, window)
+    if got.dtype != torch.bool or got.shape != want.shape:
+        raise ExerciseError(f"a mask_mod returns a boolean (True = may attend); yours gave {got.dtype} "
+                            f"{tuple(got.shape)}")
+    if torch.equal(got, want):
+        block = flex.block_mask(mod, T, block_size=4)
+        gen = torch.Generator().manual_seed(13)
+        q, k, v = (torch.randn(1, 2, T, 8, generator=gen, dtype=torch.float64) for _ in range(3))
+        out = flex.flex_attention(q, k, v, block_mask=block)
+        if not close(out, F.scaled_dot_product_attention(q, k, v, attn_mask=want), atol=1e-9):
+            raise ExerciseError("the mask is right pair by pair but flex_attention disagrees with the dense mask: "
+                                "does your mask_mod depend on b or h?")
+        n = flex.block_counts(block)
+        return passed(f"same document & causal & within the window: equal to document_mask & sink_window_mask "
+                      f"through flex_attention, {n['skipped']} of {n['total']} tiles of 4 x 4 skipped")
+    if torch.equal(got, sink_window_mask(T, 0, window)):
+        raise ExerciseError("that is the sliding window alone: a query near a document's start sees the end of the "
+                            "previous document (doc_ids[q_idx] == doc_ids[kv_idx])")
+    if torch.equal(got, document_mask(docs, is_causal=True)):
+        raise ExerciseError(f"that is the causal document mask alone: add the window, q_idx - kv_idx < {window}")
+    if torch.equal(got, same & ((i - j).abs() < window)):
+        raise ExerciseError("keys after the query are visible: the window is causal, kv_idx <= q_idx")
+    if torch.equal(got, want & (j != i)):
+        raise ExerciseError("the diagonal is missing: a token may attend to itself")
+    if torch.equal(got, same & (j <= i) & (i - j <= window)):
+        raise ExerciseError(f"off by one: a window of {window} keys is q_idx - kv_idx < {window}, the query included")
+    if torch.equal(got, same & (j <= i) & (i - j < window - 1)):
+        raise ExerciseError(f"off by one: a window of {window} keys holds the query and the {window - 1} before it")
+    wrong = (got != want).nonzero()[0].tolist()
+    raise ExerciseError(f"pair (q={wrong[0]}, kv={wrong[1]}) with doc_ids {docs.tolist()}, window {window}: expected "
+                        f"{bool(want[wrong[0], wrong[1]])}, got {bool(got[wrong[0], wrong[1]])}")

@@ -21,7 +21,8 @@ from .core import HeatmapWidget
 __all__ = ["POLICIES", "policy_mask", "policy_cache", "draw_policy", "CachePolicyWidget"]
 
 POLICIES = ("full", "window", "sinks + window", "rolling")
-_CMAP = ListedColormap(["#ffffff", "#d9d9d9", "#0072B2", "#E69F00"])   # future, evicted, kept, sink
+_CMAP = ListedColormap(["#ffffff", "#d9d9d9", "#0072B2", "#E69F00", "#9ecae1"])
+# 0 future, 1 evicted from the cache, 2 seen, 3 sink, 4 masked but still stored ("window": a mask, a growing cache)
 
 
 def policy_mask(policy: str, T: int, *, window: int, n_sink: int) -> torch.Tensor:
@@ -57,10 +58,12 @@ def _held_bytes(cache) -> int:
 
 def draw_policy(policy: str, T: int, *, window: int, n_sink: int, step: int | None = None,
                 ax: Axes | None = None) -> Axes:
-    """Rows = the token being decoded, columns = key positions: blue kept, orange sink, grey evicted."""
+    """Rows = the token being decoded, columns = key positions: blue seen, orange sink, grey evicted
+    from the cache, pale blue masked but still stored (the "window" policy, a mask over a growing cache)."""
     mask = policy_mask(policy, T, window=window, n_sink=n_sink)
     grid = torch.zeros(T, T)
-    grid[causal_mask(T)] = 1                         # seen before but not visible: evicted
+    stored = not isinstance(policy_cache(policy, window=window, n_sink=n_sink, max_len=T), SinkKVCache)  # grows
+    grid[causal_mask(T)] = 4 if stored else 1        # written before, not visible: still stored, or evicted
     grid[mask] = 2
     if policy == "sinks + window":
         sinks = torch.zeros(T, T, dtype=torch.bool)
@@ -70,7 +73,7 @@ def draw_policy(policy: str, T: int, *, window: int, n_sink: int, step: int | No
         fig = Figure(figsize=(4.2, 4.0))
         FigureCanvasAgg(fig)
         ax = fig.add_subplot()
-    ax.imshow(grid.numpy(), cmap=_CMAP, vmin=0, vmax=3, interpolation="nearest")
+    ax.imshow(grid.numpy(), cmap=_CMAP, vmin=0, vmax=4, interpolation="nearest")
     if step is not None:
         ax.axhline(step - 0.5, color="black", linewidth=1)
         ax.axhline(step + 0.5, color="black", linewidth=1)
@@ -139,9 +142,11 @@ class CachePolicyWidget(HeatmapWidget):
                 cache.update(k, k)
                 row.append(_held_bytes(cache))
             held.append(row)
-        for policy, row in zip(POLICIES, held):
+        for policy, row in zip(POLICIES, held):      # "full" and "window" hold the same bytes: full dashed, on top
             width = 2.5 if policy == self.policy.value else 1.0
-            right.plot(steps, row, linewidth=width, label=policy, linestyle="--" if policy == "full" else "-")
+            full = policy == "full"
+            right.plot(steps, row, linewidth=width, label=policy, linestyle=(0, (4, 4)) if full else "-",
+                       color="black" if full else None, zorder=3 if full else 2)
         right.axvline(self.step.value, color="black", linewidth=0.8, linestyle=":")
         right.set_xlabel("tokens decoded")
         right.set_ylabel("bytes held by the cache")

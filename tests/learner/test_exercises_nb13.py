@@ -70,42 +70,69 @@ def test_crossover_cases_hold_a_tie_and_a_batch_of_one():
     assert crossover_right(v2, n) == 127
 
 
-RIGHT["sink_slot"] = check.check_sink_slot, lambda p, s, w: p if p < s else s + (p - s) % w
+def cache_positions_right(kept, n_sink):
+    return torch.cat([kept[:n_sink], n_sink + kept[n_sink:].argsort().argsort()])
+
+
+def cache_positions_loop(kept, n_sink):                 # rank by counting the older window keys
+    window = kept[n_sink:].tolist()
+    return torch.tensor(kept[:n_sink].tolist() + [n_sink + sum(o < p for o in window) for p in window])
+
+
+RIGHT["cache_positions"] = check.check_cache_positions, cache_positions_right
+RIGHT["cache_positions_loop"] = check.check_cache_positions, cache_positions_loop
+RIGHT["cache_positions_shift"] = check.check_cache_positions, lambda kept, s: torch.cat(   # the window is contiguous
+    [kept[:s], kept[s:] - kept[s:].min() + s])
 
 
 @pytest.mark.parametrize("wrong, message", [
-    (lambda p, s, w: p if p < s else p % w, "writes over the sink"),
-    (lambda p, s, w: p % (s + w), "evicts the sinks"),
-    (lambda p, s, w: p if p < s else s + p % w, "count the ring from the first"),
-    (lambda p, s, w: p, "should be"),
+    (lambda kept, s: kept.clone(), "original positions"),
+    (lambda kept, s: torch.arange(len(kept)), "slot index"),
+    (lambda kept, s: torch.cat([kept[:s], s + kept[s:].argsort()]), "argsort twice"),
+    (lambda kept, s: torch.cat([kept[:s] + 1, s + kept[s:].argsort().argsort()]), "sinks keep positions"),
+    (lambda kept, s: torch.cat([kept[:s], 1 + s + kept[s:].argsort().argsort()]), "expected"),
+    (lambda kept, s: kept.tolist(), "should be a torch.Tensor"),
 ])
-def test_sink_slot_diagnoses(wrong, message):
+def test_cache_positions_diagnoses(wrong, message):
     with pytest.raises(ExerciseError, match=message):
-        check.check_sink_slot(wrong)
+        check.check_cache_positions(wrong)
 
 
-def _positions(ids):
-    out = []
-    for t in range(len(ids)):
-        out.append(0 if t == 0 or ids[t] != ids[t - 1] else out[-1] + 1)
-    return torch.tensor(out)
+def doc_window_right(doc_ids, window):
+    def mask_mod(b, h, q_idx, kv_idx):
+        return (doc_ids[q_idx] == doc_ids[kv_idx]) & (kv_idx <= q_idx) & (q_idx - kv_idx < window)
+    return mask_mod
 
 
-RIGHT["document_positions"] = check.check_document_positions, _positions
+def doc_window_composed(doc_ids, window):               # torch's own combinator over the package's mods
+    from torch.nn.attention.flex_attention import and_masks
+
+    from selfattn_lite import flex
+    return and_masks(flex.document_mod(doc_ids, is_causal=True), flex.sliding_window_mod(window))
+
+
+RIGHT["doc_window_mod"] = check.check_doc_window_mod, doc_window_right
+RIGHT["doc_window_mod_composed"] = check.check_doc_window_mod, doc_window_composed
+
+
+def _doc_mod(cond):
+    return lambda d, w: (lambda b, h, q, kv: cond(d, w, q, kv))
 
 
 @pytest.mark.parametrize("wrong, message", [
-    (lambda ids: torch.arange(len(ids)), "positions in the packed row"),
-    (lambda ids: _positions(ids) + 1, "off by one"),
-    (lambda ids: ids.clone(), "document id"),
-    (lambda ids: torch.tensor([0, 1, 2, 0, 1, 0, 1, 2, 3, 0]) if len(ids) == 10
-     else torch.zeros(len(ids), dtype=torch.long), "whatever their values"),
-    (lambda ids: torch.zeros(10, dtype=torch.long), "expected"),
-    (lambda ids: [0] * 10, "should be a torch.Tensor"),
+    (_doc_mod(lambda d, w, q, kv: (kv <= q) & (q - kv < w)), "sliding window alone"),
+    (_doc_mod(lambda d, w, q, kv: (d[q] == d[kv]) & (kv <= q)), "causal document mask alone"),
+    (_doc_mod(lambda d, w, q, kv: (d[q] == d[kv]) & ((q - kv).abs() < w)), "window is causal"),
+    (_doc_mod(lambda d, w, q, kv: (d[q] == d[kv]) & (kv < q) & (q - kv < w)), "diagonal is missing"),
+    (_doc_mod(lambda d, w, q, kv: (d[q] == d[kv]) & (kv <= q) & (q - kv <= w)), "the query included"),
+    (_doc_mod(lambda d, w, q, kv: (d[q] == d[kv]) & (kv <= q) & (q - kv < w - 1)), "holds the query and"),
+    (_doc_mod(lambda d, w, q, kv: (d[q] == d[kv]) and (kv <= q)), "combine conditions with"),
+    (_doc_mod(lambda d, w, q, kv: (d[q] == d[kv]) & (kv <= q) & (q - kv < 2 * w)), "expected"),
+    (lambda d, w: None, "should return a function"),
 ])
-def test_document_positions_diagnoses(wrong, message):
+def test_doc_window_mod_diagnoses(wrong, message):
     with pytest.raises(ExerciseError, match=message):
-        check.check_document_positions(wrong)
+        check.check_doc_window_mod(wrong)
 
 
 def absorbed_right(q_nope, q_rope, c_kv, k_rope, w_uk, w_uv, w_o, scale):

@@ -228,8 +228,25 @@ def test_cache_policy_widget_reads_bytes_off_real_caches():
     assert w.kept == 4 and w.held_bytes == 2 * 12 * 4 * 4             # a mask alone frees nothing
     w.step.value = 2
     assert w.kept == 3 and w.renders >= 3
+    w.step.value = 11
+    w.policy.value = "rolling"                                            # the ring frees what leaves the window
+    assert w.kept == 4 and w.held_bytes == RollingKVCache(1, 1, 4, window=4).nbytes
+    w.policy.value = "full"
+    assert w.kept == 12 and w.held_bytes == 2 * 12 * 4 * 4
     with pytest.raises(ValueError, match="unknown policy"):
         CachePolicyWidget(policy="lru")
+
+
+def test_draw_policy_tells_evicted_keys_from_keys_masked_but_stored():
+    from selfattn_lite.viz.serving import draw_policy
+
+    def colours(policy):                                  # the grid drawn: 1 evicted, 4 masked but still stored
+        return draw_policy(policy, 8, window=3, n_sink=1).images[0].get_array()
+
+    behind = torch.tril(torch.ones(8, 8, dtype=torch.bool), diagonal=-3)  # written, older than the window
+    assert (colours("window")[behind] == 4).all()                         # a mask over a growing KVCache
+    assert (colours("rolling")[behind] == 1).all()                        # evicted from the ring
+    assert set(colours("sinks + window")[behind].tolist()) == {1, 3}      # evicted, or a sink (key 0)
 
 
 def test_kv_calculator_widget_prices_mla_and_shared_presets_with_their_formula():

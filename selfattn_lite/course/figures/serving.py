@@ -24,7 +24,8 @@ def draw_cache_policies() -> Figure:
     axes[3].set_xlabel("key position")
     axes[3].set_ylabel("query position")
     axes[3].set_title("packed: 3 documents, causal", fontsize=9)
-    fig.suptitle("Which keys a token may see: blue kept, orange sinks, grey evicted from the cache", fontsize=11)
+    fig.suptitle("Which keys a token may see: blue seen, orange sinks, grey evicted from the cache, "
+                 "pale blue masked but still stored", fontsize=11)
     fig.tight_layout(rect=(0, 0, 1, 0.93))
     return fig
 
