@@ -1,4 +1,5 @@
-"""Checkers for notebook 10: a previous-token score, a graph attention mask, ViT patches, a pronoun's preference."""
+"""Checkers for notebook 10: value-weighted norms, a graph attention mask, ViT patches back to an image, a pronoun's
+preference."""
 
 from __future__ import annotations
 
@@ -6,48 +7,54 @@ import torch
 
 from . import ExerciseError, NotAttempted, attempt, close, not_attempted, passed, require_tensor
 
-__all__ = ["check_previous_token_score", "check_graph_mask", "check_patchify", "check_preference"]
+__all__ = ["check_weighted_norms", "check_graph_mask", "check_unpatchify", "check_preference"]
 
 
-def _reference_previous(weights: torch.Tensor) -> torch.Tensor:
-    return weights.diagonal(offset=-1, dim1=-2, dim2=-1).mean(-1)
+def _reference_weighted_norms(weights: torch.Tensor, v: torch.Tensor, w_o: torch.Tensor) -> torch.Tensor:
+    h, T, _ = weights.shape
+    d = v.shape[-1]
+    v_heads = v.reshape(T, h, d // h).transpose(0, 1)                # (h, T, dk): each head's slice of v
+    w_heads = w_o.reshape(d, h, d // h).permute(1, 2, 0)             # (h, dk, d): W_o's columns for that head
+    return weights * (v_heads @ w_heads).norm(dim=-1)[:, None, :]    # (h, T, T)
 
 
-def check_previous_token_score(fn) -> None:
-    """``fn(weights)``: (n_layers, n_heads, T, T) -> (n_layers, n_heads), mean over i >= 1 of w[i, i-1]."""
+def check_weighted_norms(fn) -> None:
+    """``fn(weights, v, w_o)``: (h, T, T), (T, d), (d, d) -> (h, T, T), ||w[h, i, j] * W_o^h v_j^h||."""
     gen = torch.Generator().manual_seed(10)
-    weights = torch.softmax(3 * torch.randn(2, 3, 6, 6, generator=gen), dim=-1)
+    h, T, d = 3, 5, 12
+    weights = torch.softmax(2 * torch.randn(h, T, T, generator=gen), dim=-1)
+    v, w_o = torch.randn(T, d, generator=gen), torch.randn(d, d, generator=gen)
     try:
-        got = attempt(fn, weights.clone())
+        got = attempt(fn, weights.clone(), v.clone(), w_o.clone())
     except NotAttempted:
-        return not_attempted("previous_token_score")
-    if isinstance(got, torch.Tensor) and got.dim() == 3 and got.shape[:2] == (2, 3):
-        raise ExerciseError(f"you returned one number per query row {tuple(got.shape)}: average over the "
-                            "queries too, to get one score per head (2, 3)")
-    got = require_tensor("previous_token_score(weights)", got, (2, 3))
-    if close(got, weights.diagonal(dim1=-2, dim2=-1).mean(-1)):
-        raise ExerciseError("that is the weight on the token itself (the main diagonal): the previous token "
-                            "of query i is key i - 1, the diagonal just below it (offset=-1)")
-    if close(got, weights.diagonal(offset=1, dim1=-2, dim2=-1).mean(-1)):
-        raise ExerciseError("that is the weight on the *next* token (offset=+1, above the diagonal): "
-                            "rows are queries, columns keys, so the previous token is column i - 1 (offset=-1)")
-    expected = _reference_previous(weights)
-    if close(got, expected * 5 / 6):
-        raise ExerciseError("you averaged over all 6 queries, but query 0 has no previous token: "
-                            "average over the 5 queries i = 1..T-1")
-    if close(got, expected * 5):
-        raise ExerciseError("you summed w[i, i-1] over the queries: take the mean, so a perfect previous-token "
-                            "head scores 1")
+        return not_attempted("weighted_norms")
+    if isinstance(got, torch.Tensor) and got.shape == (h, T):
+        raise ExerciseError(f"you returned {tuple(got.shape)}, one number per query: keep one norm per edge "
+                            f"(query i, key j), shape (h, T, T) = {(h, T, T)}; do not sum over the keys")
+    got = require_tensor("weighted_norms(weights, v, w_o)", got, (h, T, T))
+    expected = _reference_weighted_norms(weights, v, w_o)
+    if close(got, weights):
+        raise ExerciseError("that is the weight alone: multiply each weight by the length of what it moves, "
+                            "||W_o^h v_j^h||")
+    v_heads = v.reshape(T, h, d // h).transpose(0, 1)
+    if close(got, weights * v_heads.norm(dim=-1)[:, None, :]):
+        raise ExerciseError("you measured ||v_j^h|| before the output projection: what reaches the residual "
+                            "stream is W_o^h v_j^h, with W_o^h = w_o[:, h*dk:(h+1)*dk] (the columns of head h)")
+    rows = v_heads @ w_o.reshape(h, d // h, d)                        # (h, T, d): rows of w_o, not columns
+    if close(got, weights * rows.norm(dim=-1)[:, None, :]):
+        raise ExerciseError("you used rows h*dk:(h+1)*dk of w_o: nn.Linear computes x @ w_o.T, so head h's "
+                            "slice of v meets the *columns* w_o[:, h*dk:(h+1)*dk]")
+    whole = (v @ w_o.T).norm(dim=-1)                                  # (T,): every head's slice at once
+    if close(got, weights * whole[None, None, :]):
+        raise ExerciseError("you projected the whole of v_j (all heads) with all of w_o: each head moves only "
+                            "its own slice, v[:, h*dk:(h+1)*dk], through its own columns of w_o")
+    if close(got, weights * (v_heads @ w_o.reshape(d, h, d // h).permute(1, 2, 0)).norm(dim=-1)[:, :, None]):
+        raise ExerciseError("the norms are indexed by the query: the vector moved along edge i -> j is key j's "
+                            "value, so broadcast the norm over the keys' axis (the last one)")
     if not close(got, expected):
-        raise ExerciseError("the scores differ from mean_i w[i, i-1]: check which dims are queries (-2) and "
-                            "keys (-1)")
-    shift = torch.zeros(5, 5)
-    shift[0, 0] = 1.0
-    shift[torch.arange(1, 5), torch.arange(4)] = 1.0
-    perfect = attempt(fn, shift[None, None].clone())
-    if not close(perfect, torch.ones(1, 1)):
-        raise ExerciseError(f"a head that always looks one token back should score 1, yours gives {perfect}")
-    return passed("mean over queries of w[i, i-1]: 1 for a perfect previous-token head, about 1/T for a uniform one")
+        raise ExerciseError("the norms differ from ||w[h, i, j] * W_o^h v_j^h|| with W_o^h = "
+                            "w_o[:, h*dk:(h+1)*dk] and v_j^h = v[j, h*dk:(h+1)*dk]")
+    return passed("||w * W_o v|| per edge: what each edge moves, not only how much weight it has")
 
 
 def _reference_graph_mask(n: int, edges) -> torch.Tensor:
@@ -93,34 +100,48 @@ def _reference_patchify(image: torch.Tensor, p: int) -> torch.Tensor:
     return patches.reshape((H // p) * (W // p), C * p * p)
 
 
-def check_patchify(fn) -> None:
-    """``fn(image, p)``: (C, H, W) -> (N, C*p*p), patches in row-major order, each flattened as (C, p, p)."""
+def check_unpatchify(fn) -> None:
+    """``fn(patches, p, H, W)``: (N, C*p*p) row-major, channels-first patches -> the image (C, H, W)."""
     gen = torch.Generator().manual_seed(11)
     image = torch.randn(3, 8, 12, generator=gen)
     p = 4
+    patches = _reference_patchify(image, p)                           # (6, 48)
     try:
-        got = attempt(fn, image.clone(), p)
+        got = attempt(fn, patches.clone(), p, 8, 12)
     except NotAttempted:
-        return not_attempted("patchify")
-    n, width = (8 // p) * (12 // p), 3 * p * p
-    got = require_tensor("patchify(image, 4)", got, (n, width))
-    expected = _reference_patchify(image, p)
-    if close(got, image.reshape(n, width)):
-        raise ExerciseError("a plain reshape mixes pixels of different patches: split H and W into "
-                            "(H/p, p) and (W/p, p), then permute so each patch's pixels are together")
-    column_major = _reference_patchify(image.transpose(1, 2), p)
-    grid = expected.reshape(2, 3, width).transpose(0, 1).reshape(n, width)
-    if close(got, grid) or close(got, column_major):
-        raise ExerciseError("the patches are in column-major order: number them row by row (left to right, "
-                            "then top to bottom), as ViT does")
-    channels_last = image.reshape(3, 2, p, 3, p).permute(1, 3, 2, 4, 0).reshape(n, width)
-    if close(got, channels_last):
-        raise ExerciseError("each patch is flattened as (p, p, C); flatten it as (C, p, p) (channels first, like "
-                            "the image and like a Conv2d patch embedding)")
-    if not close(got, expected):
-        raise ExerciseError("the patches differ from the reference: patch k = image[:, r*p:(r+1)*p, c*p:(c+1)*p] "
-                            "with k = r * (W/p) + c, flattened")
-    return passed("ViT patches: row-major, each flattened channels-first to C*p*p numbers")
+        return not_attempted("unpatchify")
+    got = require_tensor("unpatchify(patches, 4, 8, 12)", got, (3, 8, 12))
+    if close(got, patches.reshape(3, 8, 12)):
+        raise ExerciseError("a plain reshape puts the numbers of one patch across several rows of the image: "
+                            "undo the patching step by step, (H/p, W/p, C, p, p) first, then permute back")
+    if close(got, patches.reshape(2, 3, 3, p, p).permute(2, 0, 1, 3, 4).reshape(3, 8, 12)):
+        raise ExerciseError("the blocks are not interleaved with the pixels: after (H/p, W/p, C, p, p), permute "
+                            "to (C, H/p, p, W/p, p), so each block row sits next to its p pixel rows, then reshape")
+    column_major = patches.reshape(3, 2, 48).transpose(0, 1).reshape(6, 48)
+    if close(got, _reference_unpatchify(column_major, p, 8, 12)):
+        raise ExerciseError("you placed the patches column by column: patch k sits at row k // (W/p), column "
+                            "k % (W/p) (numbered left to right, then top to bottom)")
+    channels_last = patches.reshape(6, p, p, 3).permute(0, 3, 1, 2).reshape(6, 48)
+    if close(got, _reference_unpatchify(channels_last, p, 8, 12)):
+        raise ExerciseError("you read each patch as (p, p, C): it was flattened channels first, (C, p, p)")
+    if not close(got, image):
+        raise ExerciseError("the image differs from the one the patches came from: patch k = r * (W/p) + c "
+                            "holds image[:, r*p:(r+1)*p, c*p:(c+1)*p], flattened as (C, p, p)")
+    small = image[:1, :4, :8]
+    try:
+        again = attempt(fn, _reference_patchify(small, 2), 2, 4, 8)
+    except RuntimeError:                                              # a fixed C no longer fits the shape
+        again = None
+    if not (isinstance(again, torch.Tensor) and again.shape == small.shape and close(again, small)):
+        raise ExerciseError("right for a 3-channel 8 x 12 image with p = 4, wrong for 1 channel, 4 x 8, p = 2: "
+                            "read C from the patches' width (C*p*p) instead of a fixed number")
+    return passed("the patches go back to the image: the inverse of ViT's row-major, channels-first cut")
+
+
+def _reference_unpatchify(patches: torch.Tensor, p: int, H: int, W: int) -> torch.Tensor:
+    C = patches.shape[1] // (p * p)
+    x = patches.reshape(H // p, W // p, C, p, p).permute(2, 0, 3, 1, 4)   # (C, H/p, p, W/p, p)
+    return x.reshape(C, H, W)
 
 
 def check_preference(fn) -> None:

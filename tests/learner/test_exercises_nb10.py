@@ -14,35 +14,55 @@ def stub(*args):
 RIGHT = {}          # test id -> (checker, a right answer); each exercise below adds its own
 
 
-# ----------------------------------------------------------------------------- previous-token score
+# ----------------------------------------------------------------------------- value-weighted norms
 
 
-def good_previous(weights):
-    return weights.diagonal(offset=-1, dim1=-2, dim2=-1).mean(-1)
+def good_norms(weights, v, w_o):
+    h, T, _ = weights.shape
+    dk = v.shape[-1] // h
+    moved = torch.stack([v[:, i * dk:(i + 1) * dk] @ w_o[:, i * dk:(i + 1) * dk].T for i in range(h)])   # (h, T, d)
+    return weights * moved.norm(dim=-1)[:, None, :]
 
 
-def loop_previous(weights):
-    T = weights.shape[-1]
-    return sum(weights[..., i, i - 1] for i in range(1, T)) / (T - 1)
+def loop_norms(weights, v, w_o):
+    h, T, _ = weights.shape
+    dk = v.shape[-1] // h
+    out = torch.zeros(h, T, T)
+    for head in range(h):
+        for i in range(T):
+            for j in range(T):
+                out[head, i, j] = (weights[head, i, j] * w_o[:, head * dk:(head + 1) * dk]
+                                   @ v[j, head * dk:(head + 1) * dk]).norm()
+    return out
 
 
-RIGHT["previous_token_score"] = nb10.check_previous_token_score, good_previous
-RIGHT["previous_token_score_loop"] = nb10.check_previous_token_score, loop_previous
+RIGHT["weighted_norms"] = nb10.check_weighted_norms, good_norms
+RIGHT["weighted_norms_loop"] = nb10.check_weighted_norms, loop_norms
+
+
+def norms_by_query(weights, v, w_o):
+    moved = good_norms(torch.ones_like(weights), v, w_o)[:, 0, :]       # (h, T): ||W_o^h v_j^h|| per key j
+    return weights * moved[:, :, None]                                   # wrongly broadcast over the queries
+
+
+def _per_head(v, h):
+    return v.reshape(v.shape[0], h, -1).transpose(0, 1)                  # (h, T, dk)
 
 
 @pytest.mark.parametrize("wrong, match", [
-    (lambda w: w.diagonal(dim1=-2, dim2=-1).mean(-1), "main diagonal"),
-    (lambda w: w.diagonal(offset=1, dim1=-2, dim2=-1).mean(-1), "next"),
-    (lambda w: w.diagonal(offset=-1, dim1=-2, dim2=-1).sum(-1) / w.shape[-1], "query 0 has no previous token"),
-    (lambda w: w.diagonal(offset=-1, dim1=-2, dim2=-1).sum(-1), "take the mean"),
-    (lambda w: w.diagonal(offset=-1, dim1=-2, dim2=-1), "one score per head"),
-    (lambda w: w.diagonal(offset=-1, dim1=-1, dim2=-2).mean(-1).T, r"shape \(2, 3\)"),
-    (lambda w: w.diagonal(offset=-1, dim1=-2, dim2=-1).mean(-1).tolist(), "torch.Tensor"),
-    (lambda w: w.diagonal(offset=-1, dim1=-2, dim2=-1).amax(-1), "differ from mean_i"),
+    (lambda w, v, w_o: w, "weight alone"),
+    (lambda w, v, w_o: w * _per_head(v, w.shape[0]).norm(dim=-1)[:, None, :], "before the output projection"),
+    (lambda w, v, w_o: w * (_per_head(v, w.shape[0]) @ w_o.reshape(w.shape[0], -1, w_o.shape[0]))
+     .norm(dim=-1)[:, None, :], "rows"),
+    (lambda w, v, w_o: w * (v @ w_o.T).norm(dim=-1)[None, None, :], "whole of v_j"),
+    (lambda w, v, w_o: good_norms(w, v, w_o).sum(-1), "do not sum over the keys"),
+    (norms_by_query, "indexed by the query"),
+    (lambda w, v, w_o: good_norms(w, v, w_o) ** 2, "differ from"),
+    (lambda w, v, w_o: good_norms(w, v, w_o).tolist(), "torch.Tensor"),
 ])
-def test_previous_token_checker_diagnoses(wrong, match):
+def test_weighted_norms_checker_diagnoses(wrong, match):
     with pytest.raises(ExerciseError, match=match):
-        nb10.check_previous_token_score(wrong)
+        nb10.check_weighted_norms(wrong)
 
 
 # ----------------------------------------------------------------------------- graph mask
@@ -95,56 +115,68 @@ def test_graph_mask_checker_diagnoses(wrong, match):
         nb10.check_graph_mask(wrong)
 
 
-# ----------------------------------------------------------------------------- patchify
+# ----------------------------------------------------------------------------- unpatchify
 
 
-def good_patchify(image, p):
-    C, H, W = image.shape
-    x = image.reshape(C, H // p, p, W // p, p).permute(1, 3, 0, 2, 4)     # (H/p, W/p, C, p, p)
-    return x.reshape(-1, C * p * p)
+def good_unpatchify(patches, p, H, W):
+    C = patches.shape[1] // (p * p)
+    x = patches.reshape(H // p, W // p, C, p, p).permute(2, 0, 3, 1, 4)     # (C, H/p, p, W/p, p)
+    return x.reshape(C, H, W)
 
 
-def unfold_patchify(image, p):
-    return torch.nn.functional.unfold(image[None], kernel_size=p, stride=p)[0].T
+def fold_unpatchify(patches, p, H, W):
+    return torch.nn.functional.fold(patches.T[None], (H, W), kernel_size=p, stride=p)[0]
 
 
-def loop_patchify(image, p):
-    C, H, W = image.shape
-    return torch.stack([image[:, r * p:(r + 1) * p, c * p:(c + 1) * p].flatten()
-                        for r in range(H // p) for c in range(W // p)])
+def loop_unpatchify(patches, p, H, W):
+    C = patches.shape[1] // (p * p)
+    image = torch.zeros(C, H, W)
+    for k, patch in enumerate(patches):
+        r, c = divmod(k, W // p)
+        image[:, r * p:(r + 1) * p, c * p:(c + 1) * p] = patch.reshape(C, p, p)
+    return image
 
 
-RIGHT["patchify"] = nb10.check_patchify, good_patchify
-RIGHT["patchify_unfold"] = nb10.check_patchify, unfold_patchify
-RIGHT["patchify_loop"] = nb10.check_patchify, loop_patchify
+RIGHT["unpatchify"] = nb10.check_unpatchify, good_unpatchify
+RIGHT["unpatchify_fold"] = nb10.check_unpatchify, fold_unpatchify
+RIGHT["unpatchify_loop"] = nb10.check_unpatchify, loop_unpatchify
 
 
-def column_major(image, p):
-    C, H, W = image.shape
-    return torch.stack([image[:, r * p:(r + 1) * p, c * p:(c + 1) * p].flatten()
-                        for c in range(W // p) for r in range(H // p)])
+def column_major_unpatchify(patches, p, H, W):
+    C = patches.shape[1] // (p * p)
+    image = torch.zeros(C, H, W)
+    for k, patch in enumerate(patches):
+        c, r = divmod(k, H // p)
+        image[:, r * p:(r + 1) * p, c * p:(c + 1) * p] = patch.reshape(C, p, p)
+    return image
 
 
-def channels_last(image, p):
-    C, H, W = image.shape
-    return torch.stack([image[:, r * p:(r + 1) * p, c * p:(c + 1) * p].permute(1, 2, 0).flatten()
-                        for r in range(H // p) for c in range(W // p)])
+def channels_last_unpatchify(patches, p, H, W):
+    C = patches.shape[1] // (p * p)
+    image = torch.zeros(C, H, W)
+    for k, patch in enumerate(patches):
+        r, c = divmod(k, W // p)
+        image[:, r * p:(r + 1) * p, c * p:(c + 1) * p] = patch.reshape(p, p, C).permute(2, 0, 1)
+    return image
 
 
-def rows_flipped(image, p):
-    return good_patchify(image, p).flip(0)
+def fixed_channels(patches, p, H, W):
+    return patches.reshape(H // p, W // p, 3, p, p).permute(2, 0, 3, 1, 4).reshape(3, H, W)
 
 
 @pytest.mark.parametrize("wrong, match", [
-    (lambda image, p: image.reshape(-1, image.shape[0] * p * p), "plain reshape"),
-    (column_major, "column-major"),
-    (channels_last, r"\(p, p, C\)"),
-    (rows_flipped, "differ from the reference"),
-    (lambda image, p: good_patchify(image, p)[:, :16], r"shape \(6, 48\)"),
+    (lambda patches, p, H, W: patches.reshape(-1, H, W), "plain reshape"),
+    (lambda patches, p, H, W: patches.reshape(H // p, W // p, -1, p, p).permute(2, 0, 1, 3, 4).reshape(-1, H, W),
+     "not interleaved"),
+    (column_major_unpatchify, "column by column"),
+    (channels_last_unpatchify, r"\(p, p, C\)"),
+    (lambda patches, p, H, W: good_unpatchify(patches, p, H, W).flip(-1), "differs from the one"),
+    (fixed_channels, "read C from"),
+    (lambda patches, p, H, W: good_unpatchify(patches, p, H, W)[0], r"shape \(3, 8, 12\)"),
 ])
-def test_patchify_checker_diagnoses(wrong, match):
+def test_unpatchify_checker_diagnoses(wrong, match):
     with pytest.raises(ExerciseError, match=match):
-        nb10.check_patchify(wrong)
+        nb10.check_unpatchify(wrong)
 
 
 # ----------------------------------------------------------------------------- preference (exercise 4)
