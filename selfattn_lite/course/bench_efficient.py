@@ -3,7 +3,7 @@
     python -m selfattn_lite.course.bench_efficient --out figures/bench_efficient_cpu.json
 
 writes a JSON of every measurement and, next to it, a plot (same name, .png). On CUDA
-(bf16, n up to 16k) or on CPU (float32, n up to 4k), whichever is present, or ``--device``.
+(bf16, or fp16 before compute capability 8.0; n up to 16k) or on CPU (float32, n up to 4k), whichever is present, or ``--device``.
 
 Each size is one ``bench.compare`` run: the three implementations are checked against torch
 SDPA with ``assert_close`` first, then timed one after the other, so their ratios come from
@@ -49,10 +49,17 @@ TARGET_MEMORY_RATIO, TARGET_TIME_RATIO = 1 / 8, 2.0
 
 
 def default_config(device: torch.device | str | None = None) -> dict:
-    """Sizes of the full benchmark: CUDA bf16 up to 16k tokens, CPU float32 up to 4k."""
+    """Sizes of the full benchmark: CUDA up to 16k tokens, CPU float32 up to 4k.
+
+    On CUDA the dtype is ``timing.timing_dtype``'s: bfloat16 from compute capability 8.0, float16 below
+    (a T4's fused SDPA kernels take float16, not bfloat16; without one SDPA would form the n x n scores).
+    """
+    from .timing import DeviceInfo, timing_dtype
+
     device = torch.device(device) if device is not None else bench.best_device()
     if device.type == "cuda":
-        return dict(B=1, H=16, D=128, dtype=torch.bfloat16, ns=[1024, 2048, 4096, 8192, 16384])
+        dtype = timing_dtype(DeviceInfo.probe())          # device 0, the one timed
+        return dict(B=1, H=16, D=128, dtype=dtype, ns=[1024, 2048, 4096, 8192, 16384])
     return dict(B=1, H=8, D=64, dtype=torch.float32, ns=[256, 512, 1024, 2048, 4096])
 
 
@@ -193,13 +200,13 @@ def target_ratios(calls: dict, sizes: dict, *, rounds: int, block_size, budget_s
                 passed=bool(memory_ratio <= memory_target and time_ratio <= time_target))
 
 
-TIME_TITLE = "Time: explicit grows like n², so do the tiled and fused ones (same FLOPs)"
+TIME_TITLE = "Time (all three do the same FLOPs, x4 per doubling of n; the dashed guide is n²)"
 
 
 def plot_scaling(records: list[dict], *, title: str = "", fig=None, time_title: str = TIME_TITLE):
     """Log-log time and peak memory against n, one line per implementation, with an n^2 guide.
 
-    ``time_title`` heads the time panel (the forward's FLOPs claim by default)."""
+    ``time_title`` heads the time panel (the forward's FLOP count by default: a fact, not a reading of the times)."""
     if fig is None:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
