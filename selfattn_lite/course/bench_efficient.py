@@ -38,8 +38,8 @@ from ..efficient import default_block_size, flash_attention
 from . import bench
 from .memory import peak_memory
 
-__all__ = ["IMPLS", "default_config", "attention_inputs", "implementations", "interleaved_min_times", "measure",
-           "bench_rows", "check_targets",
+__all__ = ["IMPLS", "default_config", "attention_inputs", "implementations", "interleaved_times",
+           "interleaved_min_times", "measure", "bench_rows", "check_targets",
            "plot_scaling", "run", "main"]
 
 EXPLICIT, TILED, SDPA = "explicit (selfattn_lite)", "tiled (flash_attention)", "torch SDPA"
@@ -79,12 +79,12 @@ def implementations(q, k, v, *, is_causal: bool = False, block_size=None,
     return calls
 
 
-def interleaved_min_times(calls: dict, *, rounds: int = 3, device="cpu") -> dict:
-    """Seconds per call of each zero-argument callable: the minimum over ``rounds`` rounds.
+def interleaved_times(calls: dict, *, rounds: int = 3, device="cpu") -> dict:
+    """Seconds of every round for each zero-argument callable: name -> list of ``rounds`` floats.
 
     Each round times every callable once, in turn (after one warm-up call each), so a burst of
-    load from other work on the machine hits all of them alike, and the minimum keeps the
-    least-disturbed run. For comparisons ("is A faster than B?") on a shared machine.
+    load from other work on the machine hits all of them alike. ``min`` of a list keeps the
+    least-disturbed run; ``max - min`` is the spread a single round could have shown.
     """
     times = {name: [] for name in calls}
     with torch.no_grad():
@@ -93,7 +93,17 @@ def interleaved_min_times(calls: dict, *, rounds: int = 3, device="cpu") -> dict
         for _ in range(rounds):
             for name, fn in calls.items():
                 times[name].append(bench.time_fn(fn, device=device, warmup=0, repeat=1, number=1))
-    return {name: min(ts) for name, ts in times.items()}
+    return times
+
+
+def interleaved_min_times(calls: dict, *, rounds: int = 3, device="cpu") -> dict:
+    """Seconds per call of each zero-argument callable: the minimum over ``rounds`` rounds.
+
+    The rounds of ``interleaved_times``: every callable once per round, in turn, so a burst of load
+    from other work on the machine hits all of them alike, and the minimum keeps the
+    least-disturbed run. For comparisons ("is A faster than B?") on a shared machine.
+    """
+    return {name: min(ts) for name, ts in interleaved_times(calls, rounds=rounds, device=device).items()}
 
 
 def _is_oom(err: BaseException) -> bool:

@@ -364,6 +364,8 @@ def test_benchmark_measure_rows_and_plot(tmp_path):
     assert len(fig.axes) == 2
     times = be.interleaved_min_times({"a": lambda: torch.ones(10).sum(), "b": lambda: torch.ones(20).sum()}, rounds=2)
     assert set(times) == {"a", "b"} and all(t > 0 for t in times.values())
+    rounds = be.interleaved_times({"a": lambda: torch.ones(10).sum()}, rounds=3)
+    assert list(rounds) == ["a"] and len(rounds["a"]) == 3 and all(t > 0 for t in rounds["a"])
 
 
 @pytest.mark.parametrize("module", ["bench_efficient", "bench_backward"])
