@@ -218,8 +218,10 @@ def _attend_query_block(q: Tensor, k: Tensor, v: Tensor, q0: int, block_k: int, 
     """Online-softmax attention of one block of queries against the key tiles it needs.
 
     Works in base 2: q arrives multiplied by scale * log2(e), so a score s here is the usual
-    score times log2(e), and 2^(s - m) = e^(score - m'). exp2 is cheaper than exp on CPUs and
-    GPUs alike, and the output is the same.
+    score times log2(e), and 2^(s - m) = e^(score - m'). The output is the same. FlashAttention's
+    CUDA kernels work in base 2 so that the scale and the max subtraction fuse into one multiply-add
+    ahead of exp2f (csrc/flash_attn/src/softmax.h); on a CPU it buys nothing (torch's exp2 is not
+    faster than its exp, and torch's CPU flash kernel uses exp), so here base 2 mirrors the GPU kernels.
 
     Args:
         q: (N, Bq, E) queries q0 .. q0 + Bq - 1, already multiplied by scale * log2(e).

@@ -3,7 +3,7 @@
     python -m selfattn_lite.course.bench_efficient --out figures/bench_efficient_cpu.json
 
 writes a JSON of every measurement and, next to it, a plot (same name, .png). On CUDA
-(bf16, n up to 16k) or on CPU (float32, n up to 4k), whichever is present, or ``--device``.
+(bf16, or fp16 before compute capability 8.0; n up to 16k) or on CPU (float32, n up to 4k), whichever is present, or ``--device``.
 
 Each size is one ``bench.compare`` run: the three implementations are checked against torch
 SDPA with ``assert_close`` first, then timed one after the other, so their ratios come from
@@ -38,8 +38,8 @@ from ..efficient import default_block_size, flash_attention
 from . import bench
 from .memory import peak_memory
 
-__all__ = ["IMPLS", "default_config", "attention_inputs", "implementations", "interleaved_min_times", "measure",
-           "bench_rows", "check_targets",
+__all__ = ["IMPLS", "default_config", "attention_inputs", "implementations", "interleaved_times",
+           "interleaved_min_times", "measure", "bench_rows", "check_targets",
            "plot_scaling", "run", "main"]
 
 EXPLICIT, TILED, SDPA = "explicit (selfattn_lite)", "tiled (flash_attention)", "torch SDPA"
@@ -49,10 +49,17 @@ TARGET_MEMORY_RATIO, TARGET_TIME_RATIO = 1 / 8, 2.0
 
 
 def default_config(device: torch.device | str | None = None) -> dict:
-    """Sizes of the full benchmark: CUDA bf16 up to 16k tokens, CPU float32 up to 4k."""
+    """Sizes of the full benchmark: CUDA up to 16k tokens, CPU float32 up to 4k.
+
+    On CUDA the dtype is ``timing.timing_dtype``'s: bfloat16 from compute capability 8.0, float16 below
+    (a T4's fused SDPA kernels take float16, not bfloat16; without one SDPA would form the n x n scores).
+    """
+    from .timing import DeviceInfo, timing_dtype
+
     device = torch.device(device) if device is not None else bench.best_device()
     if device.type == "cuda":
-        return dict(B=1, H=16, D=128, dtype=torch.bfloat16, ns=[1024, 2048, 4096, 8192, 16384])
+        dtype = timing_dtype(DeviceInfo.probe())          # device 0, the one timed
+        return dict(B=1, H=16, D=128, dtype=dtype, ns=[1024, 2048, 4096, 8192, 16384])
     return dict(B=1, H=8, D=64, dtype=torch.float32, ns=[256, 512, 1024, 2048, 4096])
 
 
@@ -72,12 +79,12 @@ def implementations(q, k, v, *, is_causal: bool = False, block_size=None,
     return calls
 
 
-def interleaved_min_times(calls: dict, *, rounds: int = 3, device="cpu") -> dict:
-    """Seconds per call of each zero-argument callable: the minimum over ``rounds`` rounds.
+def interleaved_times(calls: dict, *, rounds: int = 3, device="cpu") -> dict:
+    """Seconds of every round for each zero-argument callable: name -> list of ``rounds`` floats.
 
     Each round times every callable once, in turn (after one warm-up call each), so a burst of
-    load from other work on the machine hits all of them alike, and the minimum keeps the
-    least-disturbed run. For comparisons ("is A faster than B?") on a shared machine.
+    load from other work on the machine hits all of them alike. ``min`` of a list keeps the
+    least-disturbed run; ``max - min`` is the spread a single round could have shown.
     """
     times = {name: [] for name in calls}
     with torch.no_grad():
@@ -86,7 +93,17 @@ def interleaved_min_times(calls: dict, *, rounds: int = 3, device="cpu") -> dict
         for _ in range(rounds):
             for name, fn in calls.items():
                 times[name].append(bench.time_fn(fn, device=device, warmup=0, repeat=1, number=1))
-    return {name: min(ts) for name, ts in times.items()}
+    return times
+
+
+def interleaved_min_times(calls: dict, *, rounds: int = 3, device="cpu") -> dict:
+    """Seconds per call of each zero-argument callable: the minimum over ``rounds`` rounds.
+
+    The rounds of ``interleaved_times``: every callable once per round, in turn, so a burst of load
+    from other work on the machine hits all of them alike, and the minimum keeps the
+    least-disturbed run. For comparisons ("is A faster than B?") on a shared machine.
+    """
+    return {name: min(ts) for name, ts in interleaved_times(calls, rounds=rounds, device=device).items()}
 
 
 def _is_oom(err: BaseException) -> bool:
@@ -193,13 +210,13 @@ def target_ratios(calls: dict, sizes: dict, *, rounds: int, block_size, budget_s
                 passed=bool(memory_ratio <= memory_target and time_ratio <= time_target))
 
 
-TIME_TITLE = "Time: explicit grows like n², so do the tiled and fused ones (same FLOPs)"
+TIME_TITLE = "Time (all three do the same FLOPs, x4 per doubling of n; the dashed guide is n²)"
 
 
 def plot_scaling(records: list[dict], *, title: str = "", fig=None, time_title: str = TIME_TITLE):
     """Log-log time and peak memory against n, one line per implementation, with an n^2 guide.
 
-    ``time_title`` heads the time panel (the forward's FLOPs claim by default)."""
+    ``time_title`` heads the time panel (the forward's FLOP count by default: a fact, not a reading of the times)."""
     if fig is None:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure

@@ -3,6 +3,7 @@ linear attention as a recurrence (lesson 2)."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -25,6 +26,29 @@ def _window_tiles(n: int, window: int, block: int, *, causal: bool = True) -> in
             if c0 - r1 <= ahead and r0 - c1 < window:
                 count += 1
     return count
+
+
+_sdpa = F.scaled_dot_product_attention      # the checkers' own reference, whatever is switched off
+
+
+@contextlib.contextmanager
+def _switched_off(names: tuple[str, ...], why: str, *, sdpa: bool = False):
+    """Replace ``efficient.<name>`` for each name (and, with ``sdpa``, torch's
+    ``F.scaled_dot_product_attention``) by a function that raises ``ExerciseError(why)``; restore after."""
+    from .. import efficient
+
+    def off(*args, **kwargs):
+        raise ExerciseError(why)
+
+    targets = [(efficient, name) for name in names] + ([(F, "scaled_dot_product_attention")] if sdpa else [])
+    saved = [(module, name, getattr(module, name)) for module, name in targets]
+    try:
+        for module, name in targets:
+            setattr(module, name, off)
+        yield
+    finally:
+        for module, name, fn in saved:
+            setattr(module, name, fn)
 
 
 def check_window_tiles(fn) -> None:
@@ -99,8 +123,16 @@ def check_causal_linear_attention(fn) -> None:
 
     out_i = phi(q_i)^T S_i / phi(q_i)^T z_i with S_i = sum_{j <= i} phi(k_j) v_j^T and
     z_i = sum_{j <= i} phi(k_j): a state of fixed size carried along the sequence, no n x n matrix
-    (checked by counting the matmul FLOPs at n = 256).
+    (checked by counting the matmul FLOPs at n = 256). ``efficient.linear_attention`` and
+    ``linear_attention_step`` are switched off while it runs.
     """
+    with _switched_off(("linear_attention", "linear_attention_step"),
+                       "write the recurrence yourself: efficient.linear_attention and linear_attention_step are the "
+                       "answer, not a way to it (they are switched off while the checker runs)"):
+        return _check_causal_linear_attention(fn)
+
+
+def _check_causal_linear_attention(fn) -> None:
     gen = torch.Generator().manual_seed(9)
     q, k = torch.randn(2, 9, 4, generator=gen), torch.randn(2, 9, 4, generator=gen)
     v = torch.randn(2, 9, 3, generator=gen)
@@ -110,7 +142,7 @@ def check_causal_linear_attention(fn) -> None:
         return not_attempted("causal_linear_attn")
     out = require_tensor("causal_linear_attn(q, k, v)", out, (2, 9, 3))
     want = _linear_quadratic(q, k, v, True)
-    if close(out, F.scaled_dot_product_attention(q, k, v, is_causal=True), atol=1e-4):
+    if close(out, _sdpa(q, k, v, is_causal=True), atol=1e-4):
         raise ExerciseError("that is softmax attention; use the feature map phi(x) = elu(x) + 1 instead of exp")
     if close(out, _linear_quadratic(q, k, v, False), atol=1e-4):
         raise ExerciseError("every output uses every key: that is the non-causal form. Token i may see keys 0..i: "
@@ -137,7 +169,7 @@ def check_causal_linear_attention(fn) -> None:
 
 def _causal_reference(q, k, v):
     """Causal softmax attention in float64, returned in q's dtype."""
-    out = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=True)
+    out = _sdpa(q.double(), k.double(), v.double(), is_causal=True)
     return out.to(q.dtype)
 
 
@@ -157,7 +189,17 @@ def check_causal_tiled(fn, peak_memory=None) -> None:
     (block sizes that do not divide n included), stable at scores of about 1e4, no work on
     the skipped tiles (matmul FLOPs counted), and, when ``peak_memory`` (the course's
     ``memory.peak_memory``) is given, a peak memory well below that of the n x n scores.
+    ``efficient.flash_attention``, ``sliding_window_attention`` and ``F.scaled_dot_product_attention`` are
+    switched off while it runs.
     """
+    with _switched_off(("flash_attention", "sliding_window_attention"),
+                       "write the tile loop yourself: efficient.flash_attention, sliding_window_attention and "
+                       "torch's F.scaled_dot_product_attention are the answer, not a way to it (they are switched "
+                       "off while the checker runs)", sdpa=True):
+        return _check_causal_tiled(fn, peak_memory)
+
+
+def _check_causal_tiled(fn, peak_memory) -> None:
     gen = torch.Generator().manual_seed(80)
     q, k, v = (torch.randn(2, 3, 19, 8, generator=gen) for _ in range(3))
     try:
@@ -166,10 +208,10 @@ def check_causal_tiled(fn, peak_memory=None) -> None:
         return not_attempted("causal_tiled_attention")
     out = require_tensor("the output", out, q.shape)
     want = _causal_reference(q, k, v)
-    if close(out, F.scaled_dot_product_attention(q, k, v)):
+    if close(out, _sdpa(q, k, v)):
         raise ExerciseError("the output is non-causal attention: mask the keys j > i inside the tiles that "
                             "straddle the diagonal (and skip the tiles above it)")
-    if close(out, F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1.0)):
+    if close(out, _sdpa(q, k, v, is_causal=True, scale=1.0)):
         raise ExerciseError("the scores are not scaled: divide q k^T by sqrt(d)")
     one_tile = attempt(fn, q, k, v, 19)          # one tile holds every row: no running statistics needed
     by_row = attempt(fn, q, k, v, 1)             # 1 x 1 tiles: none straddles the diagonal

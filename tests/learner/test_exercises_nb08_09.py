@@ -128,9 +128,29 @@ RIGHT["causal_linear_attention_cumsum"] = nb08.check_causal_linear_attention, ca
     (quadratic, "forms the n x n matrix"),
     (lambda q, k, v: causal_linear_right(q, k, v)[:, :, :2], "shape"),
     (lambda q, k, v: causal_linear_right(q, k, v) * 1.1, "expected"),
+    (lambda q, k, v: nb08_efficient.linear_attention(q, k, v, is_causal=True), "write the recurrence yourself"),
+    (lambda q, k, v: torch.stack([nb08_efficient.linear_attention_step(None, q[:, i], k[:, i], v[:, i])[0]
+                                  for i in range(q.shape[1])], 1), "write the recurrence yourself"),
 ])
 def test_causal_linear_attention_diagnoses(wrong, fragment):
     expect_error(nb08.check_causal_linear_attention, wrong, fragment)
+
+
+def package_step_loop(q, k, v):
+    """The notebook's decoding loop over efficient.linear_attention_step: right, but not the learner's work."""
+    state, out = None, []
+    for i in range(q.shape[1]):
+        out_i, state = nb08_efficient.linear_attention_step(state, q[:, i], k[:, i], v[:, i])
+        out.append(out_i)
+    return torch.stack(out, dim=1)
+
+
+def test_causal_linear_attention_rejects_the_package_and_restores_it():
+    saved = nb08_efficient.linear_attention, nb08_efficient.linear_attention_step
+    expect_error(nb08.check_causal_linear_attention, package_step_loop, "write the recurrence yourself")
+    assert (nb08_efficient.linear_attention, nb08_efficient.linear_attention_step) == saved
+    nb08.check_causal_linear_attention(causal_linear_right)
+    assert (nb08_efficient.linear_attention, nb08_efficient.linear_attention_step) == saved
 
 
 # ----------------------------------------------------------------------------- nb08: causal_tiled_attention
@@ -180,10 +200,27 @@ RIGHT["causal_tiled_memory"] = check_tiled_with_memory, tiled()
     (tiled(rescale=False), "rescale the running sum"),
     (tiled(subtract_max=False), "exp(1e4) overflows"),
     (tiled(scale=False), "not scaled"),
-    (lambda q, k, v, block_size: F.scaled_dot_product_attention(q, k, v, is_causal=True)[..., :-1, :], "shape"),
+    (lambda q, k, v, block_size: tiled()(q, k, v, block_size)[..., :-1, :], "shape"),
+    (lambda q, k, v, block_size: nb08_efficient.flash_attention(q, k, v, is_causal=True, block_size=block_size),
+     "write the tile loop yourself"),
+    (lambda q, k, v, block_size: nb08_efficient.sliding_window_attention(q, k, v, q.shape[-2], block_size=block_size),
+     "write the tile loop yourself"),
+    (lambda q, k, v, block_size: F.scaled_dot_product_attention(q, k, v, is_causal=True),   # 0 FLOPs counted on a CPU
+     "write the tile loop yourself"),
 ])
 def test_causal_tiled_diagnoses(wrong, fragment):
     expect_error(nb08.check_causal_tiled, wrong, fragment)
+
+
+def test_causal_tiled_restores_the_package():
+    saved = nb08_efficient.flash_attention, nb08_efficient.sliding_window_attention
+    expect_error(nb08.check_causal_tiled, lambda q, k, v, b: nb08_efficient.flash_attention(q, k, v, is_causal=True,
+                                                                                            block_size=b), "yourself")
+    assert (nb08_efficient.flash_attention, nb08_efficient.sliding_window_attention) == saved
+    sdpa = F.scaled_dot_product_attention
+    expect_error(nb08.check_causal_tiled, lambda q, k, v, b: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+                 "yourself")
+    assert F.scaled_dot_product_attention is sdpa
 
 
 def test_causal_tiled_memory_catches_an_n_by_n_mask():

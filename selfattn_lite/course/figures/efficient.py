@@ -98,7 +98,8 @@ def draw_patterns() -> Figure:
     masks = [("full", torch.ones(n, n, dtype=torch.bool)),
              ("causal", torch.ones(n, n, dtype=torch.bool).tril()),
              (f"causal sliding window w={w}", sliding_window_mask(n, w)),
-             (f"two-sided window w={w}", sliding_window_mask(n, w, is_causal=False))]
+             (f"two-sided window w={w} (w/2 keys each side)",   # Longformer's convention:
+              sliding_window_mask(n, w // 2 + 1, is_causal=False))]     # the package's window - 1 each side
     fig = _figure((12, 3.6))
     axes = fig.subplots(1, 4)
     colour = torch.tensor([int(TILE_COLORS[2][i:i + 2], 16) / 255 for i in (1, 3, 5)])
