@@ -204,9 +204,13 @@ def spec_key(name: str) -> str | None:
     return None
 
 
-# torch's flash kernel takes head sizes up to 256 (its cuDNN kernel: 128, or 256 on Hopper with cuDNN >= 9.10;
-# the memory-efficient kernel has no upper bound, only an alignment rule: aten/src/ATen/native/transformers/
-# cuda/sdp_utils.cpp). A wider head pushes SDPA off the flash kernel, so a timing would compare kernels.
+# torch's CUDA SDPA checks each backend's head size (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp):
+# flash takes heads up to 256 (check_head_dim_size_flash); cuDNN up to 128, or 256 only on sm_90 / sm_10x with
+# a runtime cuDNN newer than 9.22 and cudnn-frontend >= 1.24 (check_cudnn_tensor_shapes); the memory-efficient
+# kernel has no upper bound, only an alignment rule. Wider than 256, SDPA leaves flash for the memory-efficient
+# kernel, so a timing would compare kernels, not shapes. On sm_90 / sm_10x with a runtime cuDNN newer than 9.15
+# SDPA tries cuDNN before flash (check_prefer_cudnn_attention), so heads of 64 and 256 can run different kernels
+# unless the backends are pinned (torch.nn.attention.sdpa_kernel).
 MAX_FUSED_HEAD_DIM = 256
 
 
@@ -292,8 +296,9 @@ def check_head_dim(D: int, device: torch.device | str) -> None:
     """Raise ValueError if a head of width D would push CUDA SDPA off its fused kernels."""
     cap = max_head_dim(device)
     if cap is not None and D > cap:
-        raise ValueError(f"head size D={D} > {cap}: on CUDA torch's flash and cuDNN kernels take heads up to "
-                         f"{cap} wide; a wider head falls back to another SDPA backend. Use more, narrower heads.")
+        raise ValueError(f"head size D={D} > {cap}: on CUDA torch's flash kernel takes heads up to {cap} wide "
+                         f"(cuDNN's limit is 128 unless a recent cuDNN on sm_90/sm_10x raises it to 256); a wider "
+                         f"head falls back to another SDPA backend. Use more, narrower heads.")
 
 
 def default_sizes(device: torch.device | str | None = None) -> dict:

@@ -81,7 +81,7 @@ def check_head_contributions(fn) -> None:
             raise ExerciseError("you used rows of out_proj.weight: nn.Linear stores W_O transposed, (d_out, d_in), "
                                 "so head i's block is the columns out_proj.weight[:, i*dk:(i+1)*dk]")
         if close(got, _contributions(mha, heads, strided=True)):
-            raise ExerciseError("head i's features are the contiguous columns i*dk .. (i+1)*dk - 1, not every h-th")
+            raise ExerciseError("head i's features are the contiguous features i*dk .. (i+1)*dk - 1, not every h-th")
         if close(got, _contributions(mha, _heads(mha, x, scale=1 / math.sqrt(D)))):
             raise ExerciseError("you scaled by 1/sqrt(d): each head's dot products have d/h terms, "
                                 "scale by 1/sqrt(d/h)")
@@ -89,9 +89,9 @@ def check_head_contributions(fn) -> None:
             total = close(got.sum(1) + bias, mha(x)[0])
             raise ExerciseError("the heads' contributions do not match" + (
                 " (their sum + bias is mha(x), but the split between heads is wrong: head i is the softmax of "
-                "q_i k_i^T / sqrt(dk) times v_i, then times its own columns of W_O)" if total else
+                "q_i k_i^T / sqrt(dk) times v_i, then times its own d/h rows of W_O, the columns out_proj.weight[:, i*dk:(i+1)*dk])" if total else
                 ": head i = softmax(q_i k_i^T / sqrt(dk)) v_i, with q, k, v from mha.q_proj, k_proj, v_proj"))
-    return passed("Concat(head_1..head_h) W_O = sum of head_i times its d/h columns of W_O, + the bias once")
+    return passed("Concat(head_1..head_h) W_O = sum of head_i times its d/h rows of W_O (columns of out_proj.weight), + the bias once")
 
 
 def check_ablate_head(fn) -> None:
@@ -137,5 +137,5 @@ def check_ablate_head(fn) -> None:
             raise ExerciseError("a head with zero queries (or keys) still writes: it attends uniformly and adds the "
                                 "average value. Remove what it writes instead, its share through W_O")
         raise ExerciseError(f"ablate_head(mha, x, {head}) should be mha(x) minus head {head}'s output times its "
-                            "columns of W_O (the other heads and the bias stay)")
+                            "d/h rows of W_O, the columns of out_proj.weight (the other heads and the bias stay)")
     return passed("one head knocked out: its share through W_O removed, the other heads and the bias kept")

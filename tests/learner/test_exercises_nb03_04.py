@@ -144,7 +144,7 @@ def test_safe_softmax_reference_is_the_packages():
 
 
 def contributions_right(mha, x, *, scale=None, rows=False, strided=False, with_bias=False, transpose_out=False):
-    """Head i's output times its columns of W_O, (B, h, T, d); the keywords plant a learner's mistakes."""
+    """Head i's output times its d/h rows of W_O (columns of out_proj.weight), (B, h, T, d); the keywords plant a learner's mistakes."""
     B, T, d = x.shape
     h, dk = mha.n_heads, d // mha.n_heads
     q, k, v = (p(x).view(B, T, h, dk).transpose(1, 2) for p in (mha.q_proj, mha.k_proj, mha.v_proj))
@@ -174,7 +174,7 @@ def test_head_contributions_sum_to_the_module():
 @pytest.mark.parametrize("kwargs, diagnosis", [
     (dict(with_bias=True), "every head carries out_proj.bias"),
     (dict(rows=True), "rows of out_proj.weight"),
-    (dict(strided=True), "contiguous columns"),
+    (dict(strided=True), "contiguous features"),
     (dict(scale=1 / math.sqrt(12)), r"1/sqrt\(d\)"),
     (dict(transpose_out=True), "head dim second"),
 ])
