@@ -255,4 +255,14 @@ def test_previous_token_rope_wrong(wrong, match):
         check.check_previous_token_rope(wrong)
 
 
+def test_order_blind_floor_is_the_most_frequent_earlier_token():
+    """The floor of exercise 5's message: the share of the earlier tokens equal to the most frequent one."""
+    floor = check._order_blind_floor(8)
+    ids = torch.randint(0, 16, (256, 8), generator=torch.Generator().manual_seed(2))
+    for t in range(1, 8):
+        expected = sum(max(row[:t].tolist().count(a) for a in range(16)) / t for row in ids) / 256
+        assert abs(floor[t - 1].item() - expected) < 1e-12
+    assert floor[0] == 1.0 and (floor[1:] < 1).all()
+
+
 test_right_and_not_attempted = right_and_not_attempted_test(RIGHT, stub)
