@@ -1,5 +1,5 @@
 """Notebook 12's widget: pick a context-extension method and a factor, see the tiny
-decoder's held-out loss at every position and what the method does to each RoPE pair.
+decoder's held-out loss, averaged over buckets of positions, and what the method does to each RoPE pair.
 
 * ``context_loss_chart``: loss per position bucket for several methods, and the per-pair
   slow-down theta_i / theta'_i, side by side.
@@ -46,8 +46,8 @@ def context_loss_chart(curves: dict, *, trained_len: int, head_dim: int | None =
     ax.axvline(trained_len, color="#777777", lw=0.8)
     ax.text(trained_len * 1.02, ax.get_ylim()[1] * 0.97, f"trained length {trained_len}", fontsize=8,
             color="#555555", va="top")
-    ax.set(xlabel="position in the window (tokens of context)", ylabel="held-out loss (nats / char)",
-           title="Loss at each position, past the trained length")
+    ax.set(xlabel="position in the window (characters of context)", ylabel="held-out loss (nats / char)",
+           title="Mean loss per position bucket, past the trained length")
     ax.legend(fontsize=8, loc="upper left")
     if scalings and len(axes) > 1:
         plain, _ = scaled_inv_freq(head_dim, base, None)

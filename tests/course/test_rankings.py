@@ -53,6 +53,8 @@ NB12_LOSS_CLAIMS = [
     ("pi_ft", "past_512", "pi", "past_512", "<"),             # 5. fine-tuning helps both
     ("yarn_ft", "past_512", "yarn", "past_512", "<"),
     ("pi_ft", "past_512", "yarn_ft", "past_512", ">"),        #    PI's still far above YaRN's
+    ("pi_ft", "first_512", "none", "first_512", ">"),         #    inside 512 PI's fine-tune costs,
+    ("yarn_ft", "first_512", "none", "first_512", "~"),       #    YaRN's does not
     ("alibi", "past_512", "alibi", "first_512", "~"),         # ALiBi 1. flat
     *[("alibi", "past_512", m, "past_512", "<") for m in context_eval.ZERO_SHOT],   # 2. beats every zero-shot
     ("alibi", "past_512", "yarn_ft", "past_512", "~"),        # 3. against fine-tuned YaRN
@@ -204,9 +206,15 @@ def test_nb12_entropy_claims_are_larger_than_their_spread():
     for k in range(len(lengths)):                                      # 2. the temperature sharpens, paired
         diffs = ENTROPY["yarn"][k] - ENTROPY["yarn_no_temperature"][k]
         assert verdict(diffs.mean().item(), diffs.std().item()) == "<"
+    t_paired = []
     for k, n in enumerate(lengths):                                    # 3. YaRN sharper than none up to 1024,
         diffs = ENTROPY["yarn"][k] - ENTROPY["none"][k]                #    level at 2048
         assert verdict(diffs.mean().item(), diffs.std().item()) == ("~" if n == RESULTS["target_len"] else "<")
+        for d in (diffs, ENTROPY["yarn"][k] - ENTROPY["yarn_no_temperature"][k]):
+            t_paired.append(abs(d.mean().item()) / (d.std().item() / math.sqrt(len(d))))
+    # with 4 windows the rule |t| > sqrt(4) = 2 is looser than a 5% t-test (3.182 for 3 dof, from a t table):
+    # no paired verdict the notebook prints falls between the two
+    assert ENTROPY["none"].shape[1] == 4 and not any(2 < t < 3.182 for t in t_paired)
 
 
 # ------------------------------------------------------------------ notebook 12: ALiBi with its context cut to 512
@@ -222,6 +230,10 @@ def test_nb12_nothing_uses_the_context_past_512_and_the_sliding_window_is_not_be
     for m in ("alibi", "yarn_ft"):                                             # the sliding window, not beaten
         diffs = cut_loss["none"] - per_window(m, "past_512")
         assert verdict(diffs.mean().item(), diffs.std().item()) == "~"
+    for m in (*context_eval.ZERO_SHOT, context_eval.NO_TEMPERATURE, "pi_ft"):  # and lost to, on every window:
+        diffs = per_window(m, "past_512") - cut_loss["none"]                   # 0.2 nats zero-shot, 0.1 PI ft
+        assert verdict(diffs.mean().item(), diffs.std().item()) == ">"
+        assert diffs.min() > (0.1 if m == "pi_ft" else 0.2), f"{m}: {diffs.min():.3f}"
 
 
 def test_nb12_budgets_of_alibi_and_fine_tuned_yarn():

@@ -84,12 +84,16 @@ def test_ntk_factor_against_the_package_and_the_yarn_papers_remark():
     assert math.isclose(ntk_factor(16, 10000.0, 512, 2048), 4 ** (14 / 8), rel_tol=1e-12)   # pair 4
 
 
-def test_ntk_factor_measured_the_rise_goes_and_the_printed_digits_are_not_decided_by_rounding():
+def test_ntk_factor_measured_the_rise_shrinks_and_the_printed_digits_are_not_decided_by_rounding():
     run = check._ntk_run(check._ntk_factor(16, 10000.0, 512, 2048))
     assert run["rise_at_4"]["mean"] > run["rise_at_4"]["sd"]                        # s = 4: ranked rise
-    assert abs(run["rise"]["mean"]) < run["rise"]["sd"]                             # its factor: gone
+    assert abs(run["rise"]["mean"]) < run["rise"]["sd"]                             # its factor: none shown
+    change = run["rise_change"]                                                     # paired: smaller than s = 4's
+    torch.testing.assert_close(change["diffs"], run["rise"]["diffs"] - run["rise_at_4"]["diffs"])
+    assert change["diffs"].max() < 0 and abs(change["mean"]) > change["sd"]
     assert run["past"]["diffs"].max() < 0 < run["inside_cost"]["diffs"].min()
-    for x in (run["rise"]["mean"], run["rise"]["sd"], run["past"]["mean"], run["inside_cost"]["mean"]):
+    for x in (run["rise"]["mean"], run["rise"]["sd"], run["past"]["mean"], run["inside_cost"]["mean"],
+              change["mean"], change["sd"]):
         assert abs(x * 100 - math.floor(x * 100) - 0.5) > 0.02                       # >= 2e-4 from a rounding edge
 
 
