@@ -202,7 +202,7 @@ BUDGET_READINGS = {                                              # the notebook'
     "attention_lr3e-3_s0": "at the ceiling", "attention_lr3e-3_s2": "no recall at either budget",
     "gated_delta_lr3e-3_s0": "improved", "s6_lr3e-3_s0": "no recall at either budget",
     "hybrid_lr3e-3_s0": "no recall at either budget", "hybrid_1in4_lr1e-2_s0": "worse",
-    "hybrid_1in4_lr1e-2_s2": "no recall at either budget", "delta_lr1e-2_s0": "at the ceiling",
+    "hybrid_1in4_lr1e-2_s2": "left the floor", "delta_lr1e-2_s0": "at the ceiling",
     "linear_lr1e-2_s0": "stopped improving", "window_lr3e-3_s0": "no recall at either budget",
 }
 
@@ -211,8 +211,11 @@ def budget_reading(short: dict, long: dict) -> str:
     change = [long["accuracy"][p] - short["accuracy"][p] for p in PAIRS]
     if min(change) < -MARGIN:
         return "worse"
-    if all(any(r["accuracy"][p] - FLOOR[p] <= MARGIN for p in PAIRS) for r in (short, long)):
+    off = [any(r["accuracy"][p] - FLOOR[p] <= MARGIN for p in PAIRS) for r in (short, long)]
+    if all(off):
         return "no recall at either budget"
+    if off[0]:
+        return "left the floor"
     if all(short["accuracy"][p] > 1 - MARGIN for p in PAIRS):
         return "at the ceiling"                                   # a gain of 0.05 is impossible: the check cannot fail
     return "improved" if max(change) > MARGIN else "stopped improving"
@@ -231,7 +234,10 @@ def test_the_budget_check():
         readings[short["run"]] = budget_reading(short, long)
     assert readings == {r: BUDGET_READINGS[r] for r in readings}
     stuck = [r for r in readings if standing(r) != "above"]
-    assert all(readings[r] == "no recall at either budget" for r in stuck)      # none rescued by twice the steps
+    rescued = [r for r in stuck if readings[r] == "left the floor"]
+    assert rescued == [r for r in ["hybrid_1in4_lr1e-2_s2"] if r in readings]  # the one stuck seed twice the steps rescue
+    if "hybrid_1in4_lr1e-2_s2" in readings:
+        assert all(BUDGET["hybrid_1in4_lr1e-2_s2_steps6000"]["accuracy"][p] - FLOOR[p] > 0.6 for p in PAIRS)
     for run in ("s6_lr3e-3_s0", "hybrid_lr3e-3_s0", "attention_lr3e-3_s2"):     # still on the floor at 6,000 steps
         if f"{run}_steps6000" in BUDGET:
             assert all(abs(BUDGET[f"{run}_steps6000"]["accuracy"][p] - FLOOR[p]) <= MARGIN for p in PAIRS), run
