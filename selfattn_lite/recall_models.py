@@ -85,7 +85,7 @@ class RecallConfig:
     gated delta rule ("logsigmoid" or Gated DeltaNet's "gdn"); ``conv`` and ``conv_width`` place and size the
     short convolution ("block": on every mixer's input; "mixer": inside the mixer, as the papers).
 
-    Taught in notebook 16, "5. The experiment: trained models, three seeds each".
+    Taught in notebook 16, "5. The experiment: one protocol for every mixer, three seeds each".
     """
 
     mixer: str = "attention"
@@ -124,7 +124,7 @@ class RecallConfig:
 class CausalConv(nn.Module):
     """Depthwise causal convolution: y_t = sum_{j < width} w_j * x_{t-j}, one filter per channel.
 
-    Taught in notebook 16, "5. The experiment: trained models, three seeds each".
+    Taught in notebook 16, "5. The experiment: one protocol for every mixer, three seeds each".
     """
 
     def __init__(self, d_model: int, width: int = 3):
@@ -210,7 +210,7 @@ def gdn_gate(a: Tensor, A_log: Tensor, dt_bias: Tensor) -> Tensor:
     exp(g) = exp(-A dt) with dt = softplus(a + dt_bias): Mamba-2's discretised decay, in (0, 1).
     As fla's ``fla/layers/gated_deltanet.py`` (Yang, Kautz & Hatamizadeh, 2025).
 
-    Taught in notebook 16, "5. The experiment: trained models, three seeds each".
+    Taught in notebook 16, "5. The experiment: one protocol for every mixer, three seeds each".
     """
     for name, t in (("a", a), ("A_log", A_log), ("dt_bias", dt_bias)):
         check_tensor(name, t, floating=True)
@@ -324,7 +324,7 @@ class RecallModel(nn.Module):
     """Embedding, ``RecallBlock``s (two; four for ``hybrid_1in4``), a final norm and an output layer:
     ids (B, T) -> logits (B, T, vocab).
 
-    Taught in notebook 16, "5. The experiment: trained models, three seeds each".
+    Taught in notebook 16, "5. The experiment: one protocol for every mixer, three seeds each".
     """
 
     def __init__(self, config: RecallConfig):
@@ -384,7 +384,7 @@ class RecallModel(nn.Module):
 def count_parameters(model_or_config: nn.Module | RecallConfig) -> int:
     """Trainable parameters of a model (or of the model a config builds).
 
-    Taught in notebook 16, "5. The experiment: trained models, three seeds each".
+    Taught in notebook 16, "5. The experiment: one protocol for every mixer, three seeds each".
     """
     if not isinstance(model_or_config, nn.Module | RecallConfig):
         raise ValueError(f"model_or_config must be a model or a RecallConfig, got {type(model_or_config).__name__}")
@@ -418,7 +418,7 @@ def state_bytes(config: RecallConfig, kind: str | None = None, bytes_per_value: 
 def recall_accuracy(model: RecallModel, inputs: Tensor, targets: Tensor, batch_size: int = 256) -> float:
     """Share of the queries (targets != -100) whose value the model predicts exactly (argmax).
 
-    Taught in notebook 16, "5. The experiment: trained models, three seeds each".
+    Taught in notebook 16, "5. The experiment: one protocol for every mixer, three seeds each".
     """
     if not isinstance(model, RecallModel):
         raise ValueError(f"model must be a RecallModel, got {type(model).__name__}")
@@ -445,7 +445,7 @@ def recall_accuracy(model: RecallModel, inputs: Tensor, targets: Tensor, batch_s
 def load_recall_model(run: str, directory: str | Path | None = None) -> RecallModel:
     """Load a shipped run (``<run>.safetensors`` + ``<run>.json``) in eval mode, with its record as ``.info``.
 
-    Taught in notebook 16, "5. The experiment: trained models, three seeds each".
+    Taught in notebook 16, "5. The experiment: one protocol for every mixer, three seeds each".
     """
     from safetensors.torch import load_file
 
@@ -466,7 +466,7 @@ def load_recall_model(run: str, directory: str | Path | None = None) -> RecallMo
 def recall_runs(directory: str | Path | None = None) -> list[dict]:
     """Every shipped run's JSON record, sorted by name.
 
-    Taught in notebook 16, "5. The experiment: trained models, three seeds each".
+    Taught in notebook 16, "5. The experiment: one protocol for every mixer, three seeds each".
     """
     directory = Path(directory) if directory is not None else RECALL_DIR
     return [json.loads(p.read_text(encoding="utf-8")) for p in sorted(directory.glob("*.json"))]

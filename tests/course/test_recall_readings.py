@@ -26,8 +26,8 @@ PAIRS = ["4", "8", "12", "16"]
 MIXERS = ["attention", "window", "linear", "delta", "gated_delta", "s6", "hybrid", "hybrid_1in4"]
 LRS = [1e-3, 3e-3, 1e-2]
 RUNS = {r["run"]: r for r in (json.loads(p.read_text()) for p in sorted(Path(RECALL_V2_DIR).glob("*.json")))}
-BUDGET = {r["config"]["mixer"]: r for r in (json.loads(p.read_text())
-                                             for p in sorted((Path(RECALL_V2_DIR) / "budget").glob("*.json")))}
+BUDGET = {r["run"]: r for r in (json.loads(p.read_text())
+                                for p in sorted((Path(RECALL_V2_DIR) / "budget").glob("*.json")))}
 MARGIN, GAP = 0.05, 0.02
 VOCAB = 128
 
@@ -150,6 +150,11 @@ def test_rankings_pair_by_pair():
     assert ranked == expected
     for p in ("12", "16"):                                       # none of the three that learned separates there
         assert all(verdict(a, b, p) == "~" for a, b in itertools.combinations(learned, 2))
+    recall = ["attention", "linear", "delta", "gated_delta", "hybrid_1in4"]
+    tests = [(a, b, p) for a, b in itertools.combinations(recall, 2) for p in PAIRS]
+    separated = [(a, b, p) for a, b, p in tests if verdict(a, b, p) != "~"]
+    assert len(separated) == 4 <= len(tests) / 10                # as many as chance (1 in 10) would give
+    assert all(p in ("4", "8") for _, _, p in separated)
 
 
 def test_best_and_median_seed_readings():
@@ -166,7 +171,7 @@ def test_best_and_median_seed_readings():
     assert min(acc(r, "16") for r in seeds("delta")) < 0.8                # the delta rule's third seed
 
 
-def test_capacity_never_binds_and_the_falls_are_interference():
+def test_capacity_never_binds_and_the_falls_are_not_capacity():
     for m in ("linear", "delta", "gated_delta", "s6"):
         config = RUNS[seeds(m)[0]]["config"]
         per_query = config["d_state"] if m == "s6" else config["d_model"] // config["n_heads"]
@@ -193,28 +198,52 @@ def test_loss_readings():
     assert all(abs(tails[run][p][1] - math.log(64)) < 0.15 for run in seeds("window") for p in PAIRS)
 
 
-BUDGET_READINGS = {"attention": "stopped improving", "gated_delta": "improved", "s6": "stopped improving",
-                   "hybrid": "stopped improving"}
+BUDGET_READINGS = {                                              # the notebook's readings, run by run
+    "attention_lr3e-3_s0": "at the ceiling", "attention_lr3e-3_s2": "no recall at either budget",
+    "gated_delta_lr3e-3_s0": "improved", "s6_lr3e-3_s0": "no recall at either budget",
+    "hybrid_lr3e-3_s0": "no recall at either budget", "hybrid_1in4_lr1e-2_s0": "worse",
+    "hybrid_1in4_lr1e-2_s2": "left the floor", "delta_lr1e-2_s0": "at the ceiling",
+    "linear_lr1e-2_s0": "stopped improving", "window_lr3e-3_s0": "no recall at either budget",
+}
+
+
+def budget_reading(short: dict, long: dict) -> str:
+    change = [long["accuracy"][p] - short["accuracy"][p] for p in PAIRS]
+    if min(change) < -MARGIN:
+        return "worse"
+    off = [any(r["accuracy"][p] - FLOOR[p] <= MARGIN for p in PAIRS) for r in (short, long)]
+    if all(off):
+        return "no recall at either budget"
+    if off[0]:
+        return "left the floor"
+    if all(short["accuracy"][p] > 1 - MARGIN for p in PAIRS):
+        return "at the ceiling"                                   # a gain of 0.05 is impossible: the check cannot fail
+    return "improved" if max(change) > MARGIN else "stopped improving"
 
 
 def test_the_budget_check():
     assert BUDGET, "no run of the budget check shipped"
     readings = {}
-    for mixer, long in BUDGET.items():
-        short = RUNS[seeds(mixer)[0]]
-        assert long["run"] == f"{short['run']}_steps6000" and long["recipe"]["steps"] == 6000
-        assert long["recipe"]["lr"] == short["recipe"]["lr"] and long["seed"] == 0
+    for name_, long in BUDGET.items():
+        short = RUNS[name_.removesuffix("_steps6000")]
+        assert short["run"] in seeds(short["config"]["mixer"])      # at the chosen rate
+        assert long["recipe"]["steps"] == 6000 and long["recipe"]["lr"] == short["recipe"]["lr"]
+        assert long["seed"] == short["seed"] and long["config"] == short["config"]
         assert long["eval"]["sha256"] == EVAL_SHA and sum(len(v) for v in long["losses_by_pairs"].values()) == 6000
-        assert (Path(RECALL_V2_DIR) / "budget" / f"{long['run']}.safetensors").exists()
-        change = [long["accuracy"][p] - short["accuracy"][p] for p in PAIRS]
-        readings[mixer] = ("improved" if max(change) > MARGIN else "worse" if min(change) < -MARGIN
-                           else "stopped improving")
-    assert readings == {m: BUDGET_READINGS[m] for m in readings}
-    for mixer in ("s6", "hybrid"):                               # still on the floor at twice the steps
-        if mixer in BUDGET:
-            assert all(abs(BUDGET[mixer]["accuracy"][p] - FLOOR[p]) <= MARGIN for p in PAIRS), mixer
-    if "gated_delta" in BUDGET:                                 # the notebook: the gain is at 16 pairs
-        assert BUDGET["gated_delta"]["accuracy"]["16"] - acc(seeds("gated_delta")[0], "16") > MARGIN
+        assert (Path(RECALL_V2_DIR) / "budget" / f"{name_}.safetensors").exists()
+        readings[short["run"]] = budget_reading(short, long)
+    assert readings == {r: BUDGET_READINGS[r] for r in readings}
+    stuck = [r for r in readings if standing(r) != "above"]
+    rescued = [r for r in stuck if readings[r] == "left the floor"]
+    assert rescued == [r for r in ["hybrid_1in4_lr1e-2_s2"] if r in readings]  # the one stuck seed twice the steps rescue
+    if "hybrid_1in4_lr1e-2_s2" in readings:
+        assert all(BUDGET["hybrid_1in4_lr1e-2_s2_steps6000"]["accuracy"][p] - FLOOR[p] > 0.6 for p in PAIRS)
+    for run in ("s6_lr3e-3_s0", "hybrid_lr3e-3_s0", "attention_lr3e-3_s2"):     # still on the floor at 6,000 steps
+        if f"{run}_steps6000" in BUDGET:
+            assert all(abs(BUDGET[f"{run}_steps6000"]["accuracy"][p] - FLOOR[p]) <= MARGIN for p in PAIRS), run
+    gated = "gated_delta_lr3e-3_s0_steps6000"                     # the notebook: the gain is at 16 pairs
+    if gated in BUDGET:
+        assert BUDGET[gated]["accuracy"]["16"] - acc("gated_delta_lr3e-3_s0", "16") > MARGIN
 
 
 # --- live readings on rows of other seeds -------------------------------------------------------------------
@@ -235,7 +264,7 @@ def by_bin(values: dict, queries) -> list[float]:
 
 
 @pytest.mark.slow
-def test_windows_sit_below_the_floor_and_answer_from_what_they_see():
+def test_windows_sit_below_the_floor_and_mostly_answer_tokens_out_of_reach():
     inputs, targets, queries = fresh_rows(31, 200)
     for run in seeds("window"):
         with torch.no_grad():
@@ -245,6 +274,8 @@ def test_windows_sit_below_the_floor_and_answer_from_what_they_see():
         pair_value = mean(guess[b, t].item() in inputs[b, 1:16:2].tolist() for b, t, _ in queries)
         value_token = mean(guess[b, t].item() >= VOCAB // 2 for b, t, _ in queries)
         assert pair_value < 0.5 and value_token > 0.9, (run, pair_value, value_token)
+        in_reach = mean(guess[b, t].item() in inputs[b, max(0, t - 19):t + 1].tolist() for b, t, _ in queries)
+        assert in_reach < 0.5, (run, in_reach)                     # two layers reach 2 x (7 + 3) = 20 positions
 
 
 def decays(model, ids):
