@@ -34,6 +34,9 @@ RIGHT["softmax"] = nb01.check_softmax, good_softmax
     (lambda x: x.exp() / x.exp().sum(0, keepdim=True), "dim=-1"),                # columns, not rows
     (lambda x: x.exp(), "sum to 1"),
     (lambda x: x.exp() / x.exp().sum(-1, keepdim=True), "overflows"),
+    (lambda x: (x - x.max()).exp() / (x - x.max()).exp().sum(-1, keepdim=True), "global max"),   # 0/0 rows
+    (lambda x: (x - x.amax(1, keepdim=True)).exp() / (x - x.amax(1, keepdim=True)).exp().sum(1, keepdim=True),
+     "dim=1"),                                                                    # right for 2-D inputs only
     (lambda x: torch.full_like(x, 0.25), "differ from softmax"),
     (lambda x: torch.softmax(x, dim=-1), "calls torch's softmax"),           # the function being rebuilt
     (lambda x: x.softmax(-1), "calls torch's softmax"),
@@ -42,6 +45,14 @@ RIGHT["softmax"] = nb01.check_softmax, good_softmax
 def test_softmax_checker_diagnoses(wrong, match):
     with pytest.raises(ExerciseError, match=match):
         nb01.check_softmax(wrong)
+
+
+@pytest.mark.parametrize("right", [
+    lambda x: torch.log_softmax(x, -1).exp(),                  # a correct softmax, built another way
+    lambda x: (x - x.amax(-1, keepdim=True)).exp() / (x - x.amax(-1, keepdim=True)).exp().sum(-1, keepdim=True),
+])
+def test_softmax_checker_accepts_other_right_answers(right, capsys):
+    expect_correct(nb01.check_softmax, right, capsys)
 
 
 def unscaled(q, k, v, mask=None):
