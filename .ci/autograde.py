@@ -37,8 +37,8 @@ from selfattn_lite.course import assignments  # noqa: E402
 # notebook stem -> [(answer cell's grade_id, text in its solution, replacement, checker message expected)]
 PLANTED = {
     "01_scaled_dot_product_attention": [
-        ("answer_2", " / math.sqrt(q.shape[-1])", "",
-         "the weights match softmax(Q K^T) without scaling: divide the scores by sqrt(dk)"),
+        ("answer_2", "torch.diag_embed(w) - w[..., :, None] * w[..., None, :]", "torch.diag_embed(w)",
+         "only diag(w): the term -w_i w_j is missing"),
     ],
     "03_masks_and_cross_attention": [
         ("answer_2", "k_pos[None, :] <= q_pos", "k_pos[None, :] < q_pos", "off by one: a token may attend to itself"),

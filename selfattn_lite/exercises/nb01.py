@@ -1,4 +1,4 @@
-"""Checkers for notebook 01: a stable row softmax and attention from scratch."""
+"""Checkers for notebook 01: a stable row softmax, softmax's Jacobian, and attention from scratch."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from . import ExerciseError, NotAttempted, attempt, close, not_attempted, passed, require_tensor
 
-__all__ = ["check_softmax", "check_attention"]
+__all__ = ["check_softmax", "check_softmax_jacobian", "check_attention"]
 
 
 @contextmanager
@@ -64,15 +64,92 @@ def check_softmax(fn) -> None:
                             "row sum (keepdim=True so it broadcasts)")
     if not close(got, torch.softmax(x, dim=-1)):
         raise ExerciseError("rows sum to 1 but the values differ from softmax: use exp(x_j) / sum_j exp(x_j)")
+    x3 = torch.randn(2, 3, 4, generator=gen)                      # (batch, rows, keys): the last dim is 2, not 1
+    with _forbidden(_softmax_targets(), "softmax_rows calls torch's softmax"):
+        got3 = require_tensor("softmax_rows(x) for a 3-D x", attempt(fn, x3.clone()), x3.shape)
+    if not close(got3, torch.softmax(x3, dim=-1)):
+        hint = (" (yours normalises over dim=1, which is the last dim only for 2-D inputs)"
+                if close(got3, torch.softmax(x3, dim=1)) else "")
+        raise ExerciseError("a 3-D input (batch, rows, keys) gives the wrong answer" + hint + ": normalise over "
+                            "the last dim, dim=-1, whatever the number of dims")
     big = x * 1000
     with _forbidden(_softmax_targets(), "softmax_rows calls torch's softmax"):
         got_big = attempt(fn, big.clone())
     if not torch.isfinite(got_big).all():
+        e = (big - big.max()).exp()                                # what subtracting the global max gives
+        global_max = e / e.sum(-1, keepdim=True)
+        if torch.equal(torch.isfinite(got_big), torch.isfinite(global_max)):
+            raise ExerciseError("scores of size ~1000 give NaN in the rows whose max is far below the largest score "
+                                "overall: you subtract one global max, so exp underflows to 0 in the whole row and "
+                                "0/0 = NaN. Subtract each row's own max (x.amax(dim=-1, keepdim=True))")
         raise ExerciseError("scores of size ~1000 give inf/NaN: exp overflows. Subtract each row's max first "
                             "(softmax(x) = softmax(x - max(x)))")
     if not close(got_big, torch.softmax(big, dim=-1)):
-        raise ExerciseError("large scores give the wrong answer: subtract the row max, not the global max or mean")
+        raise ExerciseError("large scores give the wrong answer: subtract each row's own max before exp")
     return passed("a numerically stable softmax over the last dim")
+
+
+def _jacobian_targets():
+    import torch.autograd.functional as autograd_functional
+    import torch.func
+
+    return [(autograd_functional, "jacobian"), (torch.autograd, "grad"), (torch.func, "jacrev"),
+            (torch.func, "jacfwd"), (torch.func, "vjp"), (torch.Tensor, "backward")]
+
+
+def check_softmax_jacobian(fn) -> None:
+    """``fn(s)`` must return J (..., n, n), J[..., i, j] = dw_i/ds_j for w = softmax(s) over the last dim.
+
+    The answer is diag(w) - w w^T, built from the formula, checked against autograd's Jacobian row by row.
+    """
+    gen = torch.Generator().manual_seed(3)
+    s = torch.randn(5, generator=gen) * 2                                       # one row of 5 scores
+    ref = torch.autograd.functional.jacobian(lambda t: torch.softmax(t, -1), s)  # (5, 5)
+    w = torch.softmax(s, -1)
+    no_autograd = _forbidden(_jacobian_targets(), "softmax_jacobian uses autograd, which is what it is checked "
+                             "against: build J from the formula w_i (delta_ij - w_j)")
+    try:
+        with no_autograd:
+            got = attempt(fn, s.clone())
+    except NotAttempted:
+        return not_attempted("softmax_jacobian")
+    got = require_tensor("softmax_jacobian(s) for s of shape (5,)", got, (5, 5))
+    if close(got, -ref):
+        raise ExerciseError("the sign is flipped: J = diag(w) - w w^T, positive on the diagonal")
+    if close(got, torch.diag(w)):
+        raise ExerciseError("only diag(w): the term -w_i w_j is missing, and it is there for every i and j")
+    if close(got, -torch.outer(w, w)):
+        raise ExerciseError("only -w w^T: the delta_ij term is missing, add diag(w) (torch.diag_embed for a batch)")
+    if close(got, torch.diag(w - w * w)):
+        raise ExerciseError("the diagonal w_i (1 - w_i) is right, but the off-diagonal entries are -w_i w_j, not 0")
+    if close(got, torch.diag(s) - torch.outer(s, s)):
+        raise ExerciseError("this is the formula in the scores s: it is in the weights w = softmax(s)")
+    if not close(got, ref):
+        raise ExerciseError("J differs from autograd's Jacobian of softmax: J[i, j] = w_i (delta_ij - w_j), "
+                            "w = softmax(s), row i the output w_i, column j the score s_j")
+    batch = torch.randn(2, 3, 4, generator=gen) * 2                             # (..., n) with two batch dims
+    with _forbidden(_jacobian_targets(), "softmax_jacobian uses autograd"):
+        try:
+            got_batch = fn(batch.clone())
+        except ExerciseError:
+            raise
+        except Exception as err:                                               # e.g. torch.diag on a 3-D input
+            raise ExerciseError(f"right for one row, but a batch of scores (2, 3, 4) raises {type(err).__name__}: "
+                                f"{err}. Use torch.diag_embed(w) and w[..., :, None] * w[..., None, :]") from None
+    got_batch = require_tensor("softmax_jacobian(s) for s of shape (2, 3, 4)", got_batch, (2, 3, 4, 4))
+    w_b = torch.softmax(batch, -1)
+    if not close(got_batch, torch.diag_embed(w_b) - w_b[..., :, None] * w_b[..., None, :]):
+        raise ExerciseError("right for one row, wrong for a batch (2, 3, 4): every leading dim is a batch dim, "
+                            "J is (..., n, n); torch.diag_embed and broadcasting keep them")
+    big = torch.tensor([1000.0, 0.0, -1000.0])
+    with _forbidden(_jacobian_targets(), "softmax_jacobian uses autograd"):
+        got_big = require_tensor("softmax_jacobian(s) for s = [1000, 0, -1000]", attempt(fn, big.clone()), (3, 3))
+    if not torch.isfinite(got_big).all():
+        raise ExerciseError("scores of size 1000 give inf/NaN: compute w with a stable softmax (torch.softmax is "
+                            "allowed here)")
+    if not close(got_big, torch.zeros(3, 3)):
+        raise ExerciseError("for the saturated row s = [1000, 0, -1000], w is one-hot and J should be all 0")
+    return passed("J = diag(w) - w w^T; each row of J sums to 0, and a saturated row's J is 0")
 
 
 def check_attention(fn) -> None:

@@ -34,6 +34,9 @@ RIGHT["softmax"] = nb01.check_softmax, good_softmax
     (lambda x: x.exp() / x.exp().sum(0, keepdim=True), "dim=-1"),                # columns, not rows
     (lambda x: x.exp(), "sum to 1"),
     (lambda x: x.exp() / x.exp().sum(-1, keepdim=True), "overflows"),
+    (lambda x: (x - x.max()).exp() / (x - x.max()).exp().sum(-1, keepdim=True), "global max"),   # 0/0 rows
+    (lambda x: (x - x.amax(1, keepdim=True)).exp() / (x - x.amax(1, keepdim=True)).exp().sum(1, keepdim=True),
+     "dim=1"),                                                                    # right for 2-D inputs only
     (lambda x: torch.full_like(x, 0.25), "differ from softmax"),
     (lambda x: torch.softmax(x, dim=-1), "calls torch's softmax"),           # the function being rebuilt
     (lambda x: x.softmax(-1), "calls torch's softmax"),
@@ -42,6 +45,60 @@ RIGHT["softmax"] = nb01.check_softmax, good_softmax
 def test_softmax_checker_diagnoses(wrong, match):
     with pytest.raises(ExerciseError, match=match):
         nb01.check_softmax(wrong)
+
+
+@pytest.mark.parametrize("right", [
+    lambda x: torch.log_softmax(x, -1).exp(),                  # a correct softmax, built another way
+    lambda x: (x - x.amax(-1, keepdim=True)).exp() / (x - x.amax(-1, keepdim=True)).exp().sum(-1, keepdim=True),
+])
+def test_softmax_checker_accepts_other_right_answers(right, capsys):
+    expect_correct(nb01.check_softmax, right, capsys)
+
+
+def good_jacobian(s):
+    w = torch.softmax(s, -1)
+    return torch.diag_embed(w) - w[..., :, None] * w[..., None, :]
+
+
+def unstable_jacobian(s):
+    e = s.exp()
+    w = e / e.sum(-1, keepdim=True)
+    return torch.diag_embed(w) - w[..., :, None] * w[..., None, :]
+
+
+def autograd_jacobian(s):
+    return torch.autograd.functional.jacobian(lambda t: torch.softmax(t, -1), s)
+
+
+def backward_jacobian(s):
+    s = s.requires_grad_()
+    torch.softmax(s, -1)[0].backward()
+    return s.grad
+
+
+RIGHT["softmax_jacobian"] = nb01.check_softmax_jacobian, good_jacobian
+
+
+@pytest.mark.parametrize("wrong, match", [
+    (lambda s: -good_jacobian(s), "sign is flipped"),
+    (lambda s: torch.diag_embed(torch.softmax(s, -1)), "only diag\\(w\\)"),
+    (lambda s: -(torch.softmax(s, -1)[..., :, None] * torch.softmax(s, -1)[..., None, :]), "delta_ij term is missing"),
+    (lambda s: torch.diag_embed(torch.softmax(s, -1) * (1 - torch.softmax(s, -1))), "off-diagonal"),
+    (lambda s: torch.diag_embed(s) - s[..., :, None] * s[..., None, :], "in the scores"),
+    (lambda s: torch.diag(torch.softmax(s, -1)) - torch.outer(torch.softmax(s, -1), torch.softmax(s, -1)),
+     "a batch of scores"),                                                   # 1-D only
+    (lambda s: good_jacobian(s).flatten(0, -3)[:1].expand(*s.shape, s.shape[-1]) if s.dim() > 1 else good_jacobian(s),
+     "wrong for a batch"),                                                   # one row copied over the batch
+    (unstable_jacobian, "stable softmax"),
+    (lambda s: torch.rand(*s.shape, s.shape[-1]), "differs from autograd"),
+    (autograd_jacobian, "uses autograd"), (backward_jacobian, "uses autograd"),
+])
+def test_softmax_jacobian_checker_diagnoses(wrong, match):
+    with pytest.raises(ExerciseError, match=match):
+        nb01.check_softmax_jacobian(wrong)
+    x = torch.randn(3, requires_grad=True)                                   # autograd works again afterwards
+    torch.softmax(x, -1)[0].backward()
+    assert x.grad is not None
 
 
 def unscaled(q, k, v, mask=None):
