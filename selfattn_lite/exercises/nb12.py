@@ -329,24 +329,29 @@ _SLIDING_MISTAKES = {
 }
 
 
+def _paired(a, b) -> dict:
+    """a - b over windows: mean and sd (n - 1), and whether |mean| > sd (the notebook's ranking rule)."""
+    d = (a - b).double()
+    mean, sd = d.mean().item(), d.std().item()
+    return {"mean": mean, "sd": sd, "ranked": abs(mean) > sd}
+
+
 def _measure_context(fn) -> str:
     """The learner's function on the shipped unscaled decoder: past 512, context 128, 256, 512 and the whole window."""
-    from ..course import context_eval
-    from ..course.context_eval import is_ranked, paired_difference
-
     model = load_tiny_decoder(max_len=1024)
-    windows = context_eval.eval_windows(context_eval.held_out_ids(model.tokenizer), 1024, 4)   # (4, 1025)
+    ids = model.tokenizer.encode(split_text(load_text())[1])                   # (N,) the held-out tenth
+    windows = ids[: 4 * 1025].reshape(4, 1025)                                 # 4 consecutive windows of 1024
     past = {c: fn(model, windows, c, c // 2)[:, 512:].mean(-1).double() for c in (128, 256, 512)}   # (4,) each
     whole = _losses(model, windows)[:, 512:].mean(-1)
     lines = [f"context {c}: {v.mean():.3f} ± {v.std():.3f}" for c, v in past.items()]
     steps = []
     for a, b in ((128, 256), (256, 512)):
-        d = paired_difference(past[a], past[b])
+        d = _paired(past[a], past[b])
         steps.append(f"{a} - {b}: {d['mean']:+.3f} ± {d['sd']:.3f} "
-                     f"{'ranked' if is_ranked(d['mean'], d['sd']) else 'indistinguishable here'}")
-    d = paired_difference(past[512], whole)
+                     f"{'ranked' if d['ranked'] else 'indistinguishable here'}")
+    d = _paired(past[512], whole)
     steps.append(f"512 - the whole window (up to 1024, past the trained length): {d['mean']:+.3f} ± {d['sd']:.3f} "
-                 f"{'ranked' if is_ranked(d['mean'], d['sd']) else 'indistinguishable here'}")
+                 f"{'ranked' if d['ranked'] else 'indistinguishable here'}")
     return ("; the unscaled decoder's loss on the targets past 512 of 4 held-out windows of 1024, mean ± sd over "
             "the windows, by the context each target reads (stride context / 2): " + ", ".join(lines) +
             "; paired: " + "; ".join(steps))
