@@ -63,6 +63,10 @@ PLANTED = {
     "14_attention_across_devices": [
         ("answer_2", "src = (r - s) % W", "src = (r + s) % W", "the schedule runs backwards"),
     ],
+    "15_flashattention_in_triton": [
+        ("answer_2", "start = max(0, q0 - window + 1) // block_n * block_n", "start = 0",
+         "which no query of the block sees"),
+    ],
 }
 STUDENTS = ("solutions", "blank", "planted")
 

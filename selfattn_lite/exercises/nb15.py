@@ -1,13 +1,16 @@
-"""Checkers for notebook 15: the online-softmax update inside a Triton kernel, and the causal loop bounds.
+"""Checkers for notebook 15: the online-softmax update of a sliding-window kernel, and its loop bounds.
 
-``check_online_update`` runs the learner's update inside a small Triton kernel (under the
+``check_window_update`` runs the learner's update inside a small Triton kernel (under the
 interpreter on a CPU, compiled on a GPU), so it needs Triton; where Triton is not installed it says
 so and returns. Its float32 ``tl.dot`` runs in the precision Triton gives it on the learner's device
 (``dot_precision``: TF32 on an sm_80+ GPU, exact float32 products under the interpreter and below sm_80), and
-the answer is held to that precision's own bound (``update_tolerance``). ``check_causal_bounds`` is plain Python.
+the answer is held to that precision's own bound (``update_tolerance``). ``check_window_bounds`` is plain Python,
+judged against a brute-force count of the visible (query, key) pairs of every tile.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import torch
@@ -21,12 +24,14 @@ if ta.available():
 
     from .. import triton_kernels  # noqa: F401  (importing it lets Triton 3.6's interpreter take loop bounds)
 
-__all__ = ["dot_precision", "update_tolerance", "check_online_update", "check_causal_bounds", "check_copy_grid",
+__all__ = ["dot_precision", "update_tolerance", "check_window_update", "check_window_bounds", "check_copy_grid",
            "check_copy_kernel"]
 
 BLOCK_M, BLOCK_N, D = 16, 16, 16
-FP32_ATOL = 1e-4              # float32 products: the exp() and the sums of 40 keys stay far below this
+N_KEYS, Q0, WINDOW = 64, 24, 20   # queries 24..39 see keys 5..24 up to 20..39: rows 36..39 see none of block 0
+FP32_ATOL = 1e-4              # float32 products: the exp() and the sums of 20 keys stay far below this
 TF32_UNIT = 2.0 ** -11        # TF32 keeps 10 of float32's 23 mantissa bits: rounding a factor errs by <= 2^-11
+LOG2_E = math.log2(math.e)
 
 
 def dot_precision() -> str:
@@ -42,7 +47,7 @@ def update_tolerance(s: torch.Tensor, v: torch.Tensor, precision: str) -> torch.
     """Elementwise bound (BLOCK_M, D) on |acc / l - softmax(s) @ v| for a right update whose ``tl.dot(p, v)`` runs
     in ``precision``: ``FP32_ATOL``, and with "tf32" the rounding of both factors of every product p_j v_j,
     |p_j v_j - tf32(p_j) tf32(v_j)| <= (2u + u^2) p_j |v_j| with u = 2^-11, summed and divided by l:
-    (2u + u^2) * (softmax(s) @ |v|)."""
+    (2u + u^2) * (softmax(s) @ |v|). s in natural units, -inf where masked."""
     bound = torch.full((s.shape[0], v.shape[1]), FP32_ATOL, dtype=torch.float64)
     if precision == "tf32":
         u = TF32_UNIT
@@ -54,10 +59,11 @@ def _within(got: torch.Tensor, want: torch.Tensor, bound: torch.Tensor) -> bool:
     return got.shape == want.shape and bool(((got.double() - want.double()).abs() <= bound).all())
 
 
-def _kernel_source(S_ptr, V_ptr, O_ptr, n_keys, UPDATE: tl.constexpr, BLOCK_M: tl.constexpr,
+def _kernel_source(S_ptr, V_ptr, O_ptr, n_keys, q0, window, UPDATE: tl.constexpr, BLOCK_M: tl.constexpr,
                    BLOCK_N: tl.constexpr, D: tl.constexpr):
-    """One program: BLOCK_M rows of scores (BLOCK_M, n_keys) read BLOCK_N keys at a time; the running
-    (m, l, acc) go through UPDATE; writes acc / l. Turned into a kernel by ``triton.jit`` on first use."""
+    """One program: queries q0 ... q0 + BLOCK_M - 1, their base-2 scores (BLOCK_M, n_keys) read BLOCK_N keys at a
+    time from key 0 to n_keys (every block, seen or not); the running (m, l, acc) go through UPDATE; writes acc / l.
+    Turned into a kernel by ``triton.jit`` on first use."""
     rows = tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
     d = tl.arange(0, D)
@@ -68,35 +74,52 @@ def _kernel_source(S_ptr, V_ptr, O_ptr, n_keys, UPDATE: tl.constexpr, BLOCK_M: t
         keys = k0 + cols
         s = tl.load(S_ptr + rows[:, None] * n_keys + keys[None, :], mask=keys[None, :] < n_keys, other=float("-inf"))
         v = tl.load(V_ptr + keys[:, None] * D + d[None, :], mask=keys[:, None] < n_keys, other=0.0)
-        m_i, l_i, acc = UPDATE(m_i, l_i, acc, s, v)
+        m_i, l_i, acc = UPDATE(m_i, l_i, acc, s, v, q0 + rows, keys, window)
     tl.store(O_ptr + rows[:, None] * D + d[None, :], acc / l_i[:, None])
 
 
 _KERNEL = None
 
 
-def _run_update(fn, s: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """acc / l after streaming scores s (BLOCK_M, n) and values v (n, D) through ``fn`` in a kernel."""
+def _run_update(fn, s2: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """acc / l after streaming base-2 scores s2 (BLOCK_M, N_KEYS) and values v (N_KEYS, D) through ``fn``."""
     global _KERNEL
     if _KERNEL is None:
         _KERNEL = triton.jit(_kernel_source)
     device = "cpu" if ta.interpreting() else "cuda"
-    s, v = s.to(device).contiguous(), v.to(device).contiguous()
+    s2, v = s2.to(device).contiguous(), v.to(device).contiguous()
     out = torch.empty(BLOCK_M, D, device=device)
     with np.errstate(all="ignore"):         # a wrong update may overflow: the checker says so, numpy need not
-            _KERNEL[(1,)](s, v, out, s.shape[1], UPDATE=triton.jit(fn), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, D=D)
+        _KERNEL[(1,)](s2, v, out, s2.shape[1], Q0, WINDOW, UPDATE=triton.jit(fn), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+                      D=D)
     return out.cpu()
 
 
-def _stream(s: torch.Tensor, v: torch.Tensor, *, rescale_acc=True, rescale_l=True, flip=False) -> torch.Tensor:
-    """The same loop in torch, with the mistakes a learner may make switched on."""
+def window_keep(n_keys: int = N_KEYS, q0: int = Q0, window: int = WINDOW, *, below: int | None = None,
+                causal_edge: int = 0) -> torch.Tensor:
+    """(BLOCK_M, n_keys) True where query i = q0 + row sees key j: i - window < j <= i. ``below`` replaces
+    window - 1 (keys seen to the left of i), ``causal_edge`` = -1 drops key i itself (the learner's slips)."""
+    i = torch.arange(q0, q0 + BLOCK_M)[:, None]
+    j = torch.arange(n_keys)[None, :]
+    below = window - 1 if below is None else below
+    return (j <= i + causal_edge) & (j >= i - below)
+
+
+def _masked(s: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    return s.masked_fill(~keep, float("-inf"))
+
+
+def _stream(s: torch.Tensor, v: torch.Tensor, keep: torch.Tensor, *, rescale_acc=True, rescale_l=True) -> torch.Tensor:
+    """The right loop in torch (natural units, -inf guarded), with the rescale slips switched on."""
+    s = _masked(s, keep)
     m = torch.full((s.shape[0],), float("-inf"))
     l, acc = torch.zeros(s.shape[0]), torch.zeros(s.shape[0], v.shape[1])
     for k0 in range(0, s.shape[1], BLOCK_N):
         blk, v_blk = s[:, k0:k0 + BLOCK_N], v[k0:k0 + BLOCK_N]
         m_new = torch.maximum(m, blk.amax(1))
-        alpha = torch.exp(m_new - m) if flip else torch.exp(m - m_new)
-        p = torch.exp(blk - m_new[:, None])
+        m_safe = torch.where(torch.isinf(m_new), 0.0, m_new)
+        alpha = torch.exp(m - m_safe)
+        p = torch.exp(blk - m_safe[:, None])
         l = l * alpha + p.sum(1) if rescale_l else l + p.sum(1)
         acc = acc * alpha[:, None] + p @ v_blk if rescale_acc else acc + p @ v_blk
         m = m_new
@@ -106,7 +129,7 @@ def _stream(s: torch.Tensor, v: torch.Tensor, *, rescale_acc=True, rescale_l=Tru
 def _is_stub(fn) -> bool:
     """A stub raises NotImplementedError on its first line, before it touches its arguments."""
     try:
-        attempt(fn, None, None, None, None, None)
+        attempt(fn, *([None] * 8))
     except NotAttempted:
         return True
     except Exception:          # a real update fails on None arguments outside a kernel: it is attempted
@@ -114,101 +137,180 @@ def _is_stub(fn) -> bool:
     return False
 
 
-def check_online_update(fn) -> None:
-    """``fn(m_i, l_i, acc, s, v) -> (m_new, l_new, acc_new)``: one step of the online softmax, in Triton.
+def checker_inputs() -> tuple[torch.Tensor, torch.Tensor]:
+    """The checker's draw: natural-unit scores s (BLOCK_M, N_KEYS) and values v (N_KEYS, D); later keys score
+    higher, so the running max rises from block to block and the rescale matters."""
+    gen = torch.Generator().manual_seed(15)
+    s = torch.randn(BLOCK_M, N_KEYS, generator=gen)
+    s[:, 24:] += 3.0
+    return s, torch.randn(N_KEYS, D, generator=gen)
 
-    m_i, l_i (BLOCK_M,) running max and sum; acc (BLOCK_M, D) running output; s (BLOCK_M, BLOCK_N)
-    scores of one key block (natural units, -inf where masked); v (BLOCK_N, D); all float32.
-    The checker calls it from a kernel that streams 40 keys in blocks of 16 and compares acc / l
-    with softmax(s) @ v within ``update_tolerance`` for the precision ``tl.dot`` has there (``dot_precision``).
+
+def check_window_update(fn) -> None:
+    """``fn(m_i, l_i, acc, s, v, rows, keys, window) -> (m_new, l_new, acc_new)``: one step of the online softmax
+    of a sliding-window kernel, in Triton, in base 2.
+
+    m_i, l_i (BLOCK_M,) running max and sum; acc (BLOCK_M, D) running output; s (BLOCK_M, BLOCK_N) the
+    scores of one key block already times scale * log2(e), not masked (-inf only for keys past the end);
+    v (BLOCK_N, D); rows (BLOCK_M,) and keys (BLOCK_N,) the query and key indices; query i sees keys j with
+    i - window < j <= i. The checker's kernel streams all 64 keys in blocks of 16 for queries 24 ... 39
+    (window 20): some rows see nothing of the first block, every row nothing of the last. acc / l must equal
+    softmax(masked scores) @ v within ``update_tolerance`` for the precision ``tl.dot`` has there.
     """
     if _is_stub(fn):
-        return not_attempted("online_update")
+        return not_attempted("window_update")
     if not ta.available():
         print("Triton is not installed here (Linux only): this checker needs it to run your update inside a "
               "kernel. Compare it with attn_fwd_inner in selfattn_lite/triton_kernels.py instead.")
         return None
-    gen = torch.Generator().manual_seed(15)
-    s = torch.randn(BLOCK_M, 40, generator=gen)
-    s[:, 20:] += 3.0                                   # later blocks raise the max: the rescale matters
-    v = torch.randn(40, D, generator=gen)
+    s, v = checker_inputs()
     try:
-        got = _run_update(fn, s, v)
+        got = _run_update(fn, s * LOG2_E, v)
     except Exception as err:
         cause = err
         while cause.__cause__ is not None:
             cause = cause.__cause__
         raise ExerciseError(f"the kernel failed with your update: {cause!r}. It must return three values "
                             "(m_new, l_new, acc_new) with the shapes of (m_i, l_i, acc), built from tl.* "
-                            "operations (tl.maximum, tl.max, tl.exp, tl.sum, tl.dot)") from None
+                            "operations (tl.where, tl.maximum, tl.max, tl.exp2, tl.sum, tl.dot)") from None
     precision = dot_precision()
-    want = torch.softmax(s, dim=-1) @ v
-    if _within(got, want, update_tolerance(s, v, precision)):
-        big = s * 40.0                                 # scores up to about +-200: exp() overflows without the max
-        got_big = _run_update(fn, big, v)
+    keep = window_keep()
+    want = torch.softmax(_masked(s, keep), dim=-1) @ v
+
+    def close(ref, scores=s, mask=keep):
+        return _within(got, ref, update_tolerance(_masked(scores, mask), v, precision))
+
+    if close(want):
+        big = s * 40.0                                 # scores up to about +-200: exp2() overflows without the max
+        got_big = _run_update(fn, big * LOG2_E, v)
         if not torch.isfinite(got_big).all():
             raise ExerciseError("right for small scores, but inf/NaN for large ones: subtract the running max "
-                                "before exponentiating, p = exp(s - m_new[:, None])")
-        if not _within(got_big, torch.softmax(big, dim=-1) @ v, update_tolerance(big, v, precision)):
+                                "before exponentiating, p = exp2(s - m_new[:, None])")
+        want_big = torch.softmax(_masked(big, keep), dim=-1) @ v
+        if not _within(got_big, want_big, update_tolerance(_masked(big, keep), v, precision)):
             raise ExerciseError("wrong for large scores: use the running max m_new = max(m_i, rowmax(s))")
         products = "TF32 products (10-bit mantissa)" if precision == "tf32" else "float32 products"
-        return passed(f"acc / l == softmax(s) @ v within the bound of tl.dot's {products}, streamed through your "
-                      "update 16 keys at a time")
-    if not torch.isfinite(got).all():
-        raise ExerciseError("the output has inf or NaN: is the rescale factor exp(m_i - m_new) (<= 1), with "
-                            "m_new = max(m_i, rowmax(s))? exp(m_new - m_i) blows up on the first block")
-    mistakes = [
-        (dict(rescale_acc=False), "acc is not rescaled: acc_new = acc * alpha[:, None] + tl.dot(p, v)"),
-        (dict(rescale_l=False), "l is not rescaled: l_new = l_i * alpha + tl.sum(p, 1)"),
-        (dict(flip=True), "the rescale factor is upside down: alpha = exp(m_i - m_new), not exp(m_new - m_i)"),
+        return passed(f"acc / l == softmax(masked s) @ v within the bound of tl.dot's {products}, for a window of "
+                      f"{WINDOW} streamed 16 keys at a time, rows that see nothing of a block included")
+    late = ~keep[:, :BLOCK_N].any(1)                   # rows whose window starts after the first key block
+    bad = ~torch.isfinite(got).all(1)
+    if bad.any():
+        if torch.equal(bad, late):
+            raise ExerciseError("NaN in exactly the rows that see no key of the first block (queries "
+                                f"{Q0 + int(late.nonzero()[0])} ... {Q0 + BLOCK_M - 1}): there m_new = -inf, and "
+                                "exp2(-inf - (-inf)) is NaN. Subtract 0 where m_new is -inf: "
+                                "m_safe = tl.where(m_new == float('-inf'), 0.0, m_new)")
+        raise ExerciseError("the output has inf or NaN: is the rescale factor exp2(m_i - m_new) (<= 1), with "
+                            "m_new = max(m_i, rowmax(masked s)), and -inf guarded in rows that have seen no key yet?")
+    slips = [
+        (torch.softmax(_masked(s * LOG2_E, keep), dim=-1) @ v,
+         "you used tl.exp on scores in base 2: they are already times log2(e), so take tl.exp2"),
+        (torch.softmax(_masked(s, window_keep(below=N_KEYS)), dim=-1) @ v,
+         "the window's left edge is missing (this is the causal mask): query i sees only keys j > i - window"),
+        (torch.softmax(s, dim=-1) @ v, "no mask: set s to -inf where i - window < j <= i fails"),
+        (torch.softmax(_masked(s, window_keep(below=WINDOW)), dim=-1) @ v,
+         "off by one at the window's left edge: query i sees `window` keys, j > i - window (not >=)"),
+        (torch.softmax(_masked(s, window_keep(below=WINDOW - 2)), dim=-1) @ v,
+         "off by one at the window's left edge: query i sees `window` keys, i - window < j, itself included"),
+        (torch.softmax(_masked(s, window_keep(causal_edge=-1)), dim=-1) @ v,
+         "a query must see itself: keep j <= i, not j < i"),
+        (_stream(s, v, keep, rescale_acc=False), "acc is not rescaled: acc_new = acc * alpha[:, None] + tl.dot(p, v)"),
+        (_stream(s, v, keep, rescale_l=False), "l is not rescaled: l_new = l_i * alpha + tl.sum(p, 1)"),
     ]
-    for kwargs, message in mistakes:
-        if _within(got, _stream(s, v, **kwargs), update_tolerance(s, v, precision)):
+    for ref, message in slips:
+        if torch.isfinite(ref).all() and _within(got, ref, update_tolerance(_masked(s, keep), v, precision) + 1e-4):
             raise ExerciseError(message)
-    raise ExerciseError("acc / l differs from softmax(s) @ v: m_new = max(m_i, rowmax(s)), alpha = exp(m_i - m_new), "
-                        "p = exp(s - m_new[:, None]), l_new = l_i * alpha + rowsum(p), acc_new = acc * alpha + p @ v")
+    raise ExerciseError("acc / l differs from softmax(masked s) @ v: s = where(i - window < j <= i, s, -inf), "
+                        "m_new = max(m_i, rowmax(s)), m_safe = 0 where m_new is -inf, alpha = exp2(m_i - m_safe), "
+                        "p = exp2(s - m_safe[:, None]), l_new = l_i * alpha + rowsum(p), acc_new = acc * alpha + p @ v")
 
 
-def check_causal_bounds(fn) -> None:
-    """``fn(q0, block_m, block_n, S) -> (unmasked_end, end)``: the causal loop bounds of one query block.
+# ------------------------------------------------------------------ the sliding-window loop bounds
 
-    Key blocks [0, unmasked_end) run without a mask, [unmasked_end, end) with it; nothing after end
-    is loaded. Must agree with ``triton_attention.key_block_bounds(..., is_causal=True)``.
+# (L, S, block_m, block_n, window): L != S both ways, sizes that are not multiples of the blocks, windows narrower
+# than a block, a window whose left edge q0 - window + 1 falls on a block start (q0 = 48, window 33), one where the
+# last query's q0 + block_m - window is one past a block start (q0 = 32, window 47), a window wider than everything.
+BOUNDS_CASES = [(128, 128, 32, 16, 40), (100, 90, 32, 16, 17), (70, 130, 16, 32, 48), (128, 128, 16, 16, 33),
+                (200, 200, 64, 16, 1), (96, 96, 16, 16, 16), (120, 75, 32, 16, 100), (300, 300, 128, 64, 500),
+                (50, 37, 16, 16, 5), (100, 100, 32, 16, 47)]
+
+
+def tile_counts(q0: int, block_m: int, block_n: int, S: int, window: int, k_stop: int) -> list[tuple[int, int]]:
+    """[(k0, visible pairs)] for the key blocks k0 = 0, block_n, ... < k_stop, counted pair by pair: query i in
+    q0 ... q0 + block_m - 1 sees key j < S when i - window < j <= i. block_m * block_n visible pairs: no mask."""
+    i = torch.arange(q0, q0 + block_m)[:, None]
+    out = []
+    for k0 in range(0, k_stop, block_n):
+        j = torch.arange(k0, k0 + block_n)[None, :]
+        out.append((k0, int(((j < S) & (j <= i) & (j > i - window)).sum())))
+    return out
+
+
+def check_window_bounds(fn) -> None:
+    """``fn(q0, block_m, block_n, S, window) -> (start, unmasked_start, unmasked_end, end)``: the loop bounds of
+    the program of queries q0 ... q0 + block_m - 1 in a sliding-window kernel (query i sees keys j < S with
+    i - window < j <= i).
+
+    Key blocks [start, unmasked_start) run with the mask (the window's left edge), [unmasked_start,
+    unmasked_end) without, [unmasked_end, end) with it (the diagonal, the tail of S); nothing before start or
+    from end on is loaded. start, unmasked_start and unmasked_end are multiples of block_n and
+    start <= unmasked_start <= unmasked_end <= end. Judged for every query block (q0 < S) of ``BOUNDS_CASES``
+    against a count of the visible pairs of each tile (``tile_counts``): every tile with one is loaded, none
+    without one, the unmasked range holds exactly the tiles whose block_m * block_n pairs are all visible.
     """
-    cases = [(0, 64, 64, 4096), (64, 64, 64, 4096), (128, 128, 64, 4096), (63, 64, 64, 4096), (100, 16, 32, 90),
-             (96, 32, 16, 50), (0, 16, 16, 5), (4000, 128, 64, 4096)]
     try:
-        attempt(fn, *cases[0])
+        attempt(fn, 0, 32, 16, 128, 40)
     except NotAttempted:
-        return not_attempted("causal_bounds")
-    for q0, bm, bn, S in cases:
-        got = attempt(fn, q0, bm, bn, S)
-        if not isinstance(got, tuple) or len(got) != 2:
-            raise ExerciseError(f"return a pair (unmasked_end, end), got {got!r}")
-        unmasked_end, end = (int(x) for x in got)
-        want_unmasked, want_end = ta.key_block_bounds(q0, bm, bn, S, True)
-        where = f"(q0={q0}, block_m={bm}, block_n={bn}, S={S})"
-        if end == S and want_end < S:
-            raise ExerciseError(f"end = S at {where}: the loop then loads key blocks after the block's last query, "
-                                f"all masked. Stop at min(S, q0 + block_m) = {want_end}")
-        if end < want_end:
-            raise ExerciseError(f"end = {end} at {where} stops before the last key a query of this block sees "
-                                f"(query {q0 + bm - 1} sees keys up to {min(S, q0 + bm) - 1}): "
-                                "end = min(S, q0 + block_m)")
-        if end != want_end:
-            raise ExerciseError(f"end = {end} at {where}, expected min(S, q0 + block_m) = {want_end}")
-        if unmasked_end % bn:
-            raise ExerciseError(f"unmasked_end = {unmasked_end} at {where} is not a multiple of block_n: the loop "
-                                "steps through whole key blocks from 0")
-        if unmasked_end > want_unmasked:
-            raise ExerciseError(f"unmasked_end = {unmasked_end} at {where}: the block from {want_unmasked} holds keys "
-                                f"after query {q0}, so it needs the mask. unmasked_end = floor((q0 + 1) / block_n) * "
-                                "block_n (and not past S)")
-        if unmasked_end < want_unmasked:
-            raise ExerciseError(f"unmasked_end = {unmasked_end} at {where}: correct, but masks whole blocks it need "
-                                f"not; a block ending at or before q0 is whole for every query, so {want_unmasked}")
-    return passed("the causal loop bounds: no mask up to floor((q0 + 1) / block_n) * block_n, end at "
-                  "min(S, q0 + block_m)")
+        return not_attempted("window_bounds")
+    for L, S, bm, bn, w in BOUNDS_CASES:
+        for q0 in range(0, min(L, S), bm):
+            got = attempt(fn, q0, bm, bn, S, w)
+            where = f"(q0={q0}, block_m={bm}, block_n={bn}, S={S}, window={w})"
+            if not isinstance(got, tuple) or len(got) != 4:
+                raise ExerciseError(f"return four offsets (start, unmasked_start, unmasked_end, end), got {got!r}")
+            start, lo, hi, end = (int(x) for x in got)
+            if any(x % bn for x in (start, lo, hi)):
+                raise ExerciseError(f"{(start, lo, hi)} at {where}: start, unmasked_start and unmasked_end must be "
+                                    "multiples of block_n (the loops step through whole key blocks)")
+            if not start <= lo <= hi <= end:
+                raise ExerciseError(f"{(start, lo, hi, end)} at {where}: the three stages must follow each other, "
+                                    "start <= unmasked_start <= unmasked_end <= end")
+            counts = tile_counts(q0, bm, bn, S, w, max(end, S))
+            seen = [k0 for k0, c in counts if c]
+            first_key, last_key = max(0, q0 - w + 1), min(S, q0 + bm) - 1    # keys some query of the block sees
+            loaded = set(range(start, end, bn))
+            if seen[0] < start:
+                raise ExerciseError(f"start = {start} at {where} skips keys query {q0} sees (from {first_key}): "
+                                    f"start at the block holding key max(0, q0 - window + 1), floor((q0 - window + "
+                                    f"1) / block_n) * block_n = {seen[0]}")
+            if end <= last_key:
+                raise ExerciseError(f"end = {end} at {where} stops before key {last_key}, the last one query "
+                                    f"{min(S - 1, q0 + bm - 1)} sees: end = min(S, q0 + block_m)")
+            for k0 in sorted(loaded):
+                if k0 >= S:
+                    raise ExerciseError(f"end = {end} at {where} loads key block {k0}, past S: end = min(S, q0 + "
+                                        "block_m)")
+                if dict(counts)[k0] == 0:
+                    side = "after the block's last query" if k0 > q0 else "before the window of its first query"
+                    raise ExerciseError(f"at {where} the loop loads key block [{k0}, {k0 + bn}), which no query of "
+                                        f"the block sees (it lies {side}): start = floor(max(0, q0 - window + 1) / "
+                                        "block_n) * block_n, end = min(S, q0 + block_m)")
+            full = [k0 for k0, c in counts if c == bm * bn]
+            for k0 in range(lo, hi, bn):
+                if k0 not in full:
+                    if k0 + bn > q0 + 1:                    # (with q0 < S, a block ending by q0 + 1 is inside S)
+                        why = f"it holds keys after query {q0}: unmasked_end = floor((q0 + 1) / block_n) * block_n"
+                    else:
+                        why = (f"query {q0 + bm - 1}'s window starts at {q0 + bm - w}, after key {k0}: "
+                               "unmasked_start = ceil((q0 + block_m - window) / block_n) * block_n")
+                    raise ExerciseError(f"key block [{k0}, {k0 + bn}) at {where} needs the mask: {why}")
+            missed = [k0 for k0 in full if not lo <= k0 < hi]
+            if missed:
+                raise ExerciseError(f"at {where} the key block [{missed[0]}, {missed[0] + bn}) is masked but every "
+                                    f"query of the block sees all of it: the unmasked range should be [{full[0]}, "
+                                    f"{full[-1] + bn})")
+    return passed("every query block's loop loads exactly the key blocks its window touches, and skips the mask on "
+                  "exactly the blocks it sees whole")
 
 
 # ------------------------------------------------------------------ a kernel of your own: pointers, masks, grid

@@ -22,42 +22,82 @@ def stub(*args):
     raise NotImplementedError
 
 
-# ----------------------------------------------------------------------------- online update (inside a kernel)
+# ----------------------------------------------------------------------------- sliding-window update (inside a kernel)
 
-def good_update(m_i, l_i, acc, s, v):
+def good_update(m_i, l_i, acc, s, v, rows, keys, window):
+    keep = (keys[None, :] <= rows[:, None]) & (keys[None, :] > rows[:, None] - window)
+    s = tl.where(keep, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
-    alpha = tl.exp(m_i - m_new)
-    p = tl.exp(s - m_new[:, None])
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(s - m_safe[:, None])
     return m_new, l_i * alpha + tl.sum(p, 1), acc * alpha[:, None] + tl.dot(p, v)
 
-
-def no_acc_rescale(m_i, l_i, acc, s, v):
+def no_guard(m_i, l_i, acc, s, v, rows, keys, window):
+    keep = (keys[None, :] <= rows[:, None]) & (keys[None, :] > rows[:, None] - window)
+    s = tl.where(keep, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
-    alpha = tl.exp(m_i - m_new)
-    p = tl.exp(s - m_new[:, None])
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    return m_new, l_i * alpha + tl.sum(p, 1), acc * alpha[:, None] + tl.dot(p, v)
+
+def natural(m_i, l_i, acc, s, v, rows, keys, window):
+    keep = (keys[None, :] <= rows[:, None]) & (keys[None, :] > rows[:, None] - window)
+    s = tl.where(keep, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp(m_i - m_safe)
+    p = tl.exp(s - m_safe[:, None])
+    return m_new, l_i * alpha + tl.sum(p, 1), acc * alpha[:, None] + tl.dot(p, v)
+
+def causal_only(m_i, l_i, acc, s, v, rows, keys, window):
+    keep = keys[None, :] <= rows[:, None]
+    s = tl.where(keep, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(s - m_safe[:, None])
+    return m_new, l_i * alpha + tl.sum(p, 1), acc * alpha[:, None] + tl.dot(p, v)
+
+def left_ge(m_i, l_i, acc, s, v, rows, keys, window):
+    keep = (keys[None, :] <= rows[:, None]) & (keys[None, :] >= rows[:, None] - window)
+    s = tl.where(keep, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(s - m_safe[:, None])
+    return m_new, l_i * alpha + tl.sum(p, 1), acc * alpha[:, None] + tl.dot(p, v)
+
+def strict(m_i, l_i, acc, s, v, rows, keys, window):
+    keep = (keys[None, :] < rows[:, None]) & (keys[None, :] > rows[:, None] - window)
+    s = tl.where(keep, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(s - m_safe[:, None])
+    return m_new, l_i * alpha + tl.sum(p, 1), acc * alpha[:, None] + tl.dot(p, v)
+
+def no_acc(m_i, l_i, acc, s, v, rows, keys, window):
+    keep = (keys[None, :] <= rows[:, None]) & (keys[None, :] > rows[:, None] - window)
+    s = tl.where(keep, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(s - m_safe[:, None])
     return m_new, l_i * alpha + tl.sum(p, 1), acc + tl.dot(p, v)
 
-
-def no_l_rescale(m_i, l_i, acc, s, v):
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    alpha = tl.exp(m_i - m_new)
-    p = tl.exp(s - m_new[:, None])
-    return m_new, l_i + tl.sum(p, 1), acc * alpha[:, None] + tl.dot(p, v)
-
-
-def flipped_alpha(m_i, l_i, acc, s, v):
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    alpha = tl.exp(m_new - m_i)
-    p = tl.exp(s - m_new[:, None])
-    return m_new, l_i * alpha + tl.sum(p, 1), acc * alpha[:, None] + tl.dot(p, v)
-
-
-def no_max(m_i, l_i, acc, s, v):                      # right in exact arithmetic, overflows in float32
-    p = tl.exp(s)
+def no_max(m_i, l_i, acc, s, v, rows, keys, window):
+    keep = (keys[None, :] <= rows[:, None]) & (keys[None, :] > rows[:, None] - window)
+    p = tl.exp2(tl.where(keep, s, float("-inf")))
     return m_i, l_i + tl.sum(p, 1), acc + tl.dot(p, v)
 
+def unmasked(m_i, l_i, acc, s, v, rows, keys, window):
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    return m_new, l_i * alpha + tl.sum(p, 1), acc * alpha[:, None] + tl.dot(p, v)
 
-def two_values(m_i, l_i, acc, s, v):
+def two_values(m_i, l_i, acc, s, v, rows, keys, window):
     return m_i, l_i
 
 
@@ -66,39 +106,106 @@ needs_triton = pytest.mark.skipif(not ta.available() and not os.environ.get("CI"
 
 @needs_triton
 @pytest.mark.parametrize("fn, message", [
-    (no_acc_rescale, "acc is not rescaled"),
-    (no_l_rescale, "l is not rescaled"),
-    (flipped_alpha, "inf or NaN"),
+    (no_guard, "NaN in exactly the rows that see no key of the first block"),
+    (natural, "take tl.exp2"),
+    (causal_only, "left edge is missing"),
+    (left_ge, "off by one at the window's left edge"),
+    (strict, "must see itself"),
+    (no_acc, "acc is not rescaled"),
     (no_max, "subtract the running max"),
+    (unmasked, "no mask"),
     (two_values, "three values"),
 ])
-def test_online_update_mistakes_are_named(fn, message):
+def test_window_update_mistakes_are_named(fn, message):
     with pytest.raises(ExerciseError, match=message):
-        check.check_online_update(fn)
+        check.check_window_update(fn)
 
 
-# ----------------------------------------------------------------------------- causal loop bounds
+def test_window_update_inputs_have_rows_that_see_nothing_of_a_block():
+    """The checker's draw is the hard case: some rows see no key of the first block (m = -inf there after it),
+    every row none of the last, and every row sees at least one key (l > 0)."""
+    keep = check.window_keep()
+    assert (~keep[:, :check.BLOCK_N].any(1)).any() and keep[:, :check.BLOCK_N].any(1).any()
+    assert not keep[:, -check.BLOCK_N:].any()
+    assert keep.any(1).all() and (keep.sum(1) <= check.WINDOW).all()
 
-def good_bounds(q0, block_m, block_n, S):
-    return min((q0 + 1) // block_n, S // block_n) * block_n, min(S, q0 + block_m)
+
+# ----------------------------------------------------------------------------- sliding-window loop bounds
+
+def good_bounds(q0, block_m, block_n, S, window):
+    start = max(0, q0 - window + 1) // block_n * block_n
+    end = min(S, q0 + block_m)
+    lo = -(-max(0, q0 + block_m - window) // block_n) * block_n
+    hi = min((q0 + 1) // block_n, S // block_n) * block_n
+    if hi <= lo:
+        lo = hi = start
+    return start, lo, hi, end
+
+
+def with_bound(index, value):
+    """good_bounds with one of its four offsets replaced by value(q0, bm, bn, S, w, right answer)."""
+    def fn(q0, bm, bn, S, w):
+        got = list(good_bounds(q0, bm, bn, S, w))
+        got[index] = value(q0, bm, bn, S, w, got)
+        return tuple(got)
+    return fn
+
+
+def ceil_to(x, b):
+    return -(-x // b) * b
+
+
+def left_edge_off_by_one(q0, block_m, block_n, S, window):
+    """unmasked_start from the last query's window start minus one: a block the last query misses by one key."""
+    start, _, _, end = good_bounds(q0, block_m, block_n, S, window)
+    lo = ceil_to(max(0, q0 + block_m - window - 1), block_n)
+    hi = min((q0 + 1) // block_n, S // block_n) * block_n
+    if hi <= lo:
+        lo = hi = start
+    return start, lo, hi, end
 
 
 @pytest.mark.parametrize("fn, message", [
-    (lambda q0, bm, bn, S: (good_bounds(q0, bm, bn, S)[0], S), "end = S"),
-    (lambda q0, bm, bn, S: (good_bounds(q0, bm, bn, S)[0], min(S, q0)), "stops before"),
-    (lambda q0, bm, bn, S: (q0, min(S, q0 + bm)), "multiple of block_n|needs the mask"),
-    (lambda q0, bm, bn, S: ((min(S, q0 + bm) // bn) * bn, min(S, q0 + bm)), "needs the mask"),
-    (lambda q0, bm, bn, S: (min(q0 // bn, S // bn) * bn, min(S, q0 + bm)), "masks whole blocks it need not"),
-    (lambda q0, bm, bn, S: 0, "pair"),
+    (with_bound(0, lambda q0, bm, bn, S, w, g: 0), "no query of the block sees .* before the window"),
+    (with_bound(0, lambda q0, bm, bn, S, w, g: max(0, q0 - w) // bn * bn), "no query of the block sees"),
+    (with_bound(0, lambda q0, bm, bn, S, w, g: min(ceil_to(max(0, q0 - w + 1), bn), g[1])), "skips keys query"),
+    (with_bound(3, lambda q0, bm, bn, S, w, g: S), "after the block's last query"),
+    (with_bound(3, lambda q0, bm, bn, S, w, g: q0 + bm), "past S"),
+    (with_bound(3, lambda q0, bm, bn, S, w, g: max(g[2], min(S, q0 + 1))), "stops before key"),
+    (with_bound(1, lambda q0, bm, bn, S, w, g: g[0]), "needs the mask: query .* window starts"),
+    (left_edge_off_by_one, "needs the mask: query .* window starts"),
+    (with_bound(2, lambda q0, bm, bn, S, w, g: max(g[1], min((q0 + bm) // bn, S // bn) * bn)),
+     "needs the mask: it holds keys after query"),
+    (with_bound(2, lambda q0, bm, bn, S, w, g: g[1]), "masked but every query of the block sees all of it"),
+    (with_bound(0, lambda q0, bm, bn, S, w, g: g[0] + 1), "multiples of block_n"),
+    (lambda q0, bm, bn, S, w: good_bounds(q0, bm, bn, S, w)[::-1], "follow each other"),
+    (lambda q0, bm, bn, S, w: good_bounds(q0, bm, bn, S, w)[:3], "four offsets"),
 ])
-def test_causal_bounds_mistakes_are_named(fn, message):
+def test_window_bounds_mistakes_are_named(fn, message):
     with pytest.raises(ExerciseError, match=message):
-        check.check_causal_bounds(fn)
+        check.check_window_bounds(fn)
 
 
-def test_online_update_says_when_triton_is_missing(monkeypatch, capsys):
+def test_window_bounds_accept_any_empty_unmasked_stage():
+    """Where no tile is seen whole, where the empty unmasked stage sits is the learner's choice."""
+    def at_end(q0, bm, bn, S, w):
+        start, lo, hi, end = good_bounds(q0, bm, bn, S, w)
+        return (start, lo, hi, end) if hi > lo else (start, end // bn * bn, end // bn * bn, end)
+    check.check_window_bounds(at_end)
+
+
+def test_tile_counts_by_hand():
+    """Queries 32..63, window 40 (query i sees i - 39 ... i), key blocks of 16 up to S = 128."""
+    counts = dict(check.tile_counts(32, 32, 16, 128, 40, 128))
+    assert counts[0] == sum(max(0, min(15, i) - max(0, i - 39) + 1) for i in range(32, 64))
+    assert counts[32] == sum(min(47, i) - 32 + 1 for i in range(32, 64))
+    assert counts[16] == sum(31 - max(16, i - 39) + 1 for i in range(32, 64)) < 32 * 16    # query 63 misses 16..23
+    assert counts[64] == counts[112] == 0
+
+
+def test_window_update_says_when_triton_is_missing(monkeypatch, capsys):
     monkeypatch.setattr(ta, "available", lambda: False)
-    check.check_online_update(lambda m_i, l_i, acc, s, v: (m_i, l_i, acc))
+    check.check_window_update(lambda m_i, l_i, acc, s, v, rows, keys, window: (m_i, l_i, acc))
     assert "Triton is not installed" in capsys.readouterr().out
 
 
@@ -164,8 +271,8 @@ def test_copy_kernel_mistakes_are_named(kernel, message):
 # ----------------------------------------------------------------------------- right answers and stubs
 
 @pytest.mark.parametrize("checker, right", [
-    pytest.param(check.check_online_update, good_update, marks=needs_triton, id="online_update"),
-    pytest.param(check.check_causal_bounds, good_bounds, id="causal_bounds"),
+    pytest.param(check.check_window_update, good_update, marks=needs_triton, id="window_update"),
+    pytest.param(check.check_window_bounds, good_bounds, id="window_bounds"),
     pytest.param(check.check_copy_grid, good_grid, id="copy_grid"),
     pytest.param(check.check_copy_kernel, good_copy, marks=needs_triton, id="copy_kernel"),
 ])
@@ -173,14 +280,14 @@ def test_right_answer_passes(checker, right, capsys):
     expect_correct(checker, right, capsys)
 
 
-@pytest.mark.parametrize("checker", [check.check_online_update, check.check_causal_bounds, check.check_copy_grid,
+@pytest.mark.parametrize("checker", [check.check_window_update, check.check_window_bounds, check.check_copy_grid,
                                      check.check_copy_kernel],
-                         ids=["online_update", "causal_bounds", "copy_grid", "copy_kernel"])
+                         ids=["window_update", "window_bounds", "copy_grid", "copy_kernel"])
 def test_stub_is_not_attempted(checker, capsys):
     expect_not_attempted(checker, stub, capsys)
 
 
-# ----------------------------------------------------------------------------- the online update under TF32 (a GPU's float32 tl.dot)
+# ----------------------------------------------------------------------------- the window update under TF32 (a GPU's float32 tl.dot)
 
 def tf32(x):
     """x rounded as an sm_80+ tensor core reads a float32 factor: 10 mantissa bits, to nearest (ties away)."""
@@ -188,41 +295,39 @@ def tf32(x):
     return ((bits + 0x1000) & ~0x1FFF).view(torch.float32)
 
 
-def tf32_stream(s, v):
-    """The right update with its dot in TF32: what a correct answer computes on an A100, an RTX 4090 or an H100."""
+def tf32_stream(s, v, keep):
+    """The right update with its dot in TF32: what a correct answer computes on an A100, an RTX 4090 or an H100.
+    s natural units, keep the window (BLOCK_M, n)."""
+    s = s.masked_fill(~keep, float("-inf"))
     m = torch.full((s.shape[0],), float("-inf"))
     l, acc = torch.zeros(s.shape[0]), torch.zeros(s.shape[0], v.shape[1])
     for k0 in range(0, s.shape[1], check.BLOCK_N):
         blk, v_blk = s[:, k0:k0 + check.BLOCK_N], v[k0:k0 + check.BLOCK_N]
         m_new = torch.maximum(m, blk.amax(1))
-        alpha = torch.exp(m - m_new)
-        p = torch.exp(blk - m_new[:, None])
+        m_safe = torch.where(torch.isinf(m_new), 0.0, m_new)
+        alpha = torch.exp(m - m_safe)
+        p = torch.exp(blk - m_safe[:, None])
         l = l * alpha + p.sum(1)
         acc = acc * alpha[:, None] + (tf32(p).double() @ tf32(v_blk).double()).float()
         m = m_new
     return acc / l[:, None]
 
 
-def checker_inputs():
-    gen = torch.Generator().manual_seed(15)                       # the checker's own draw
-    s = torch.randn(check.BLOCK_M, 40, generator=gen)
-    s[:, 20:] += 3.0
-    return s, torch.randn(40, check.D, generator=gen)
-
-
 def test_tf32_error_is_inside_its_bound_and_outside_float32s():
-    """A right update on a TF32 GPU misses softmax(s) @ v by more than float32's 1e-4 (the old checker rejected
+    """A right update on a TF32 GPU misses softmax(s) @ v by more than float32's 1e-4 (a float32 bound would reject
     it) and by less than the bound from TF32's 10-bit mantissa."""
-    s, v = checker_inputs()
-    want = torch.softmax(s.double(), dim=-1) @ v.double()
-    err = (tf32_stream(s, v).double() - want).abs()
+    s, v = check.checker_inputs()
+    keep = check.window_keep()
+    masked = s.masked_fill(~keep, float("-inf"))
+    want = torch.softmax(masked.double(), dim=-1) @ v.double()
+    err = (tf32_stream(s, v, keep).double() - want).abs()
     assert err.max() > check.FP32_ATOL
-    assert (err <= check.update_tolerance(s, v, "tf32")).all()
-    assert not (err <= check.update_tolerance(s, v, "ieee")).all()
-    assert check.update_tolerance(s, v, "tf32").max() < 2e-3          # still far below any planted mistake's error
+    assert (err <= check.update_tolerance(masked, v, "tf32")).all()
+    assert not (err <= check.update_tolerance(masked, v, "ieee")).all()
+    assert check.update_tolerance(masked, v, "tf32").max() < 2e-3          # still far below any planted mistake's error
     for kwargs in (dict(rescale_acc=False), dict(rescale_l=False)):
-        wrong = check._stream(s, v, **kwargs).double()
-        assert not ((wrong - want).abs() <= check.update_tolerance(s, v, "tf32")).all()
+        wrong = check._stream(s, v, keep, **kwargs).double()
+        assert not ((wrong - want).abs() <= check.update_tolerance(masked, v, "tf32")).all()
 
 
 def test_dot_precision_here():
@@ -232,26 +337,25 @@ def test_dot_precision_here():
 
 @pytest.mark.parametrize("fn, message", [
     (good_update, "Correct"),
-    (no_acc_rescale, "acc is not rescaled"),
-    (no_l_rescale, "l is not rescaled"),
+    (no_acc, "acc is not rescaled"),
 ])
-def test_online_update_on_a_tf32_gpu(monkeypatch, capsys, fn, message):
+def test_window_update_on_a_tf32_gpu(monkeypatch, capsys, fn, message):
     """The checker's GPU path, run on a CPU: tl.dot in TF32 (emulated for the right answer and its planted
-    mistakes), judged against TF32's bound. A right answer passes and says which products it was held to."""
+    mistake), judged against TF32's bound. A right answer passes and says which products it was held to."""
     monkeypatch.setattr(check, "dot_precision", lambda: "tf32")
     monkeypatch.setattr(check, "_is_stub", lambda fn: False)
     monkeypatch.setattr(ta, "available", lambda: True)
-    mistake = {no_acc_rescale: dict(rescale_acc=False), no_l_rescale: dict(rescale_l=False)}.get(fn)
+    keep = check.window_keep()
 
-    def run(_, s, v):
-        if mistake is None:
-            return tf32_stream(s, v)
-        p_v = check._stream(s, v, **mistake)
-        return p_v + (tf32_stream(s, v) - check._stream(s, v))          # the same TF32 rounding on top
+    def run(_, s2, v):
+        s = s2 / check.LOG2_E                                             # the kernel's base-2 scores, back
+        if fn is good_update:
+            return tf32_stream(s, v, keep)
+        return check._stream(s, v, keep, rescale_acc=False) + (tf32_stream(s, v, keep) - check._stream(s, v, keep))
     monkeypatch.setattr(check, "_run_update", run)
     if message == "Correct":
-        check.check_online_update(fn)
+        check.check_window_update(fn)
         assert "TF32 products" in capsys.readouterr().out
     else:
         with pytest.raises(ExerciseError, match=message):
-            check.check_online_update(fn)
+            check.check_window_update(fn)
