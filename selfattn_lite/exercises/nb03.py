@@ -6,6 +6,7 @@ import types
 
 import torch
 
+from .. import masks
 from . import ExerciseError, NotAttempted, attempt, close, not_attempted, passed, require_tensor
 
 __all__ = ["check_left_padded_mask", "check_mask_from_positions", "check_safe_softmax"]
@@ -114,7 +115,7 @@ def check_mask_from_positions(fn) -> None:
         ("bottom-right: the queries are the last L positions", torch.arange(S - L, S), torch.arange(S),
          torch.ones(L, S, dtype=torch.bool).tril(diagonal=S - L)),
         ("positions out of order", torch.tensor([6, 1, 3]), torch.tensor([0, 2, 4, 5, 6]), None),
-        ("packed positions that repeat", torch.tensor([0, 2, 1, 3]), torch.tensor([0, 1, 2, 0, 1, 2]), None),
+        ("positions that repeat", torch.tensor([0, 2, 1, 3]), torch.tensor([0, 1, 2, 0, 1, 2]), None),
     ]
     for what, q_pos, k_pos, expected in cases:
         if expected is None:
@@ -142,7 +143,20 @@ def check_mask_from_positions(fn) -> None:
             wrong = tuple((got != expected).nonzero()[0].tolist())
             raise ExerciseError(f"case {what}: entry (i, j) = {wrong} is {bool(got[wrong])}, expected "
                                 f"{bool(expected[wrong])} (q_pos {q_pos.tolist()}, k_pos {k_pos.tolist()})")
-    return passed("key j for query i when k_pos[j] <= q_pos[i]; top-left and bottom-right are two choices of q_pos")
+    # what positions alone leave out: a packed row (two documents of 3 tokens, each numbered from 0)
+    pos, doc = torch.tensor([0, 1, 2, 0, 1, 2]), torch.tensor([0, 0, 0, 1, 1, 1])
+    got = _require_bool("mask_from_positions (case: a packed row)", attempt(fn, pos.clone(), pos.clone()), (6, 6))
+    if not torch.equal(got, pos[None, :] <= pos[:, None]):
+        raise ExerciseError(f"case a packed row: q_pos = k_pos = {pos.tolist()} gives a different mask than "
+                            "k_pos[j] <= q_pos[i]")
+    across = int((got & ~masks.document_mask(doc)).sum())                    # pairs that cross documents
+    future = int((got & ~torch.ones(6, 6, dtype=torch.bool).tril()).sum())   # keys after the query in the row
+    if across == 0 or future == 0:     # cannot happen for k_pos[j] <= q_pos[i]; guards the message below
+        raise ExerciseError("case a packed row: expected the position rule to let pairs cross documents")
+    return passed("key j for query i when k_pos[j] <= q_pos[i]; top-left and bottom-right are two choices of q_pos. "
+                  f"Positions alone do not separate packed documents: on the row {pos.tolist()} (two documents) "
+                  f"your mask lets {across} query-key pairs cross documents, {future} of them to keys later in the "
+                  "row; packing also needs a document mask (masks.document_mask, notebook 13)")
 
 
 # --------------------------------------------------------------------------------------
@@ -174,7 +188,7 @@ def check_safe_softmax(fn) -> None:
     Graded forwards (rows with a visible key match torch.softmax, fully masked rows are exactly 0)
     and backwards (the gradient reaching the scores is finite and matches the reference's).
     """
-    used = sorted(_names_used(fn) & {"safe_softmax", "scaled_dot_product_attention"})
+    used = sorted(_names_used(fn) & {"safe_softmax", "_safe_softmax", "scaled_dot_product_attention"})
     if used:
         raise ExerciseError(f"your function calls {', '.join(used)}: the exercise is to write the guard yourself, "
                             "from torch.softmax and masking")

@@ -219,3 +219,36 @@ def test_notebook_07s_timing_cell_runs_the_gpu_path_on_the_cpu(monkeypatch, caps
     assert "SDPA backend: " in out and "vs SDPA" in out
     assert out.count("skipped:") == int(skipped)
     plt.close("all")
+
+
+def test_notebook_03s_timing_cells_run_the_gpu_path_on_the_cpu(monkeypatch, capsys):
+    """An H100's decision (bfloat16), with the device and sizes moved to the CPU: the tile count of the first cell
+    holds at a length with one key block, and the second times the three rows and prints both measured ratios."""
+    import math
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import torch.nn.functional as F
+
+    import selfattn_lite as sal
+    from selfattn_lite import masks
+
+    fake_gpu(monkeypatch, "H100")
+    gpu_plan = timing.timing_setup("nb03")
+    assert gpu_plan.dtype == torch.bfloat16 and gpu_plan.on_gpu
+    plan = timing.TimingPlan(gpu_plan.problem, gpu_plan.info, torch.device("cpu"), gpu_plan.dtype,
+                             dict(B=1, H=2, L=64, D=16), gpu_plan.budget)
+    monkeypatch.setattr(timing, "timing_setup", lambda notebook, info=None: plan)
+    monkeypatch.setattr(plt, "show", lambda: None)
+    namespace = dict(torch=torch, F=F, sal=sal, bench=bench, plt=plt, math=math, masks=masks)
+    for cell_id in ("c3tiles0", "57b89378"):
+        exec(compile(cell_source("03", cell_id), f"nb03 cell {cell_id}", "exec"), namespace)
+    out = capsys.readouterr().out
+    assert namespace["computed"] == namespace["tiles"] == 2       # 64 queries in blocks of 32, one key block
+    assert [r.name for r in namespace["rows"]] == ["torch SDPA, is_causal=True", "explicit + bool mask",
+                                                   "torch SDPA + bool mask"]
+    assert namespace["rows"][0].dtype == "bfloat16"
+    assert "no mask / is_causal: median" in out and "bool mask / no mask: median" in out
+    plt.close("all")

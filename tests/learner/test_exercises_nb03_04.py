@@ -89,6 +89,14 @@ POSITIONS_WRONG = {
 }
 
 
+def test_mask_from_positions_shows_what_positions_leave_out(capsys):
+    """On a right answer the checker counts the pairs a packed row's positions let across documents."""
+    nb03.check_mask_from_positions(positions_right)
+    out = capsys.readouterr().out
+    assert "lets 12 query-key pairs cross documents, 6 of them to keys later in the row" in out
+    assert "masks.document_mask" in out
+
+
 @pytest.mark.parametrize("diagnosis", list(POSITIONS_WRONG))
 def test_mask_from_positions_wrong_answers(diagnosis):
     with pytest.raises(ExerciseError, match=diagnosis):
@@ -119,6 +127,7 @@ SAFE_SOFTMAX_WRONG = {
     "carry no gradient": lambda s: safe_softmax_right(s.detach()),
     "differs from softmax's": lambda s: safe_softmax_right(s.detach()) + 0 * s.masked_fill(torch.isneginf(s), 0.0),
     "calls safe_softmax": lambda s: safe_softmax(s),
+    "calls _safe_softmax": lambda s: torch._safe_softmax(s, -1),          # torch's private guard: a bypass
     r"shape \(2, 4, 5\)": lambda s: safe_softmax_right(s)[0],
 }
 
