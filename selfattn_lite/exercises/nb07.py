@@ -1,5 +1,5 @@
-"""Checkers for notebook 07: expanding K/V heads for grouped-query attention; mean-pooling an MHA checkpoint;
-a serving budget (K/V heads and cache dtype that fit a GPU)."""
+"""Checkers for notebook 07: expanding K/V heads for grouped-query attention; grouped-query attention without
+copying K and V; a serving budget (K/V heads and cache dtype that fit a GPU)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 from ..presets import get_preset
 from . import ExerciseError, NotAttempted, attempt, close, not_attempted, passed, require_tensor
 
-__all__ = ["check_expand_kv", "check_mean_pool", "check_serving_plans"]
+__all__ = ["check_expand_kv", "check_gqa_attention", "check_mean_pool", "check_serving_plans"]
 
 
 def check_expand_kv(fn) -> None:
@@ -42,8 +42,68 @@ def check_expand_kv(fn) -> None:
     if "repeat_interleave" in source:
         raise ExerciseError("right, but that is the notebook's repeat_interleave: write it as a view instead, "
                             "k[:, :, None].expand(B, n_kv, g, S, dk), then reshape to (B, n_heads, S, dk)")
-    return passed("a group axis after the K/V heads, expanded (a view, no copy) then reshaped (one copy): query "
-                  "heads 0-3 read K/V head 0, heads 4-7 head 1")
+    return passed("a group axis after the K/V heads, expanded (a view) then reshaped (a full copy, as large as "
+                  "repeat_interleave's): query heads 0-3 read K/V head 0, heads 4-7 head 1")
+
+
+def _source(fn) -> str:
+    try:
+        return inspect.getsource(fn)
+    except (OSError, TypeError):
+        return ""
+
+
+def check_gqa_attention(fn, peak_memory=None) -> None:
+    """``fn(q, k, v)``: grouped-query attention (no mask) that never copies K or V to n_heads heads.
+
+    q (B, h, L, dk), k and v (B, h_kv, S, dk); query head i reads K/V head i // g, g = h / h_kv; returns
+    softmax(q k^T / sqrt(dk)) v, (B, h, L, dk). Checked against torch's SDPA with ``enable_gqa=True`` on two
+    layouts, then, when ``peak_memory`` (the course's ``memory.peak_memory``) is given, on a decode step
+    (L = 1, S = 4096, dk = 64) whose peak must stay below half of one expanded K.
+    """
+    import torch.nn.functional as F
+
+    gen = torch.Generator().manual_seed(9)
+    layouts = [(2, 8, 2, 3, 5, 4), (1, 6, 3, 2, 7, 8)]                    # B, h, h_kv, L, S, dk
+    cases = [(torch.randn(B, h, L, dk, generator=gen), torch.randn(B, hk, S, dk, generator=gen),
+              torch.randn(B, hk, S, dk, generator=gen)) for B, h, hk, L, S, dk in layouts]
+    try:
+        got = attempt(fn, *cases[0])
+    except NotAttempted:
+        return not_attempted("gqa_attention")
+    source = _source(fn)
+    if "scaled_dot_product_attention" in source:
+        raise ExerciseError("that is torch's fused kernel: write the two matmuls and the softmax yourself")
+    for q, k, v in cases:
+        got = attempt(fn, q, k, v)
+        require_tensor("gqa_attention(q, k, v)", got)
+        if got.shape != q.shape:
+            raise ExerciseError(f"expected shape {tuple(q.shape)} = (B, h, L, dk) like q, got {tuple(got.shape)}")
+        expected = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+        if close(got, expected):
+            continue
+        g = q.shape[1] // k.shape[1]
+        if close(got, F.scaled_dot_product_attention(q, k.repeat(1, g, 1, 1), v.repeat(1, g, 1, 1))):
+            raise ExerciseError("query heads are paired with the wrong K/V heads (kv0, kv1, kv0, ...): the heads of "
+                                "one group are consecutive, so q.reshape(B, h_kv, g * L, dk) keeps them together")
+        if close(got, F.scaled_dot_product_attention(q, k, v, scale=1.0, enable_gqa=True)):
+            raise ExerciseError("the scores are not scaled: divide q k^T by sqrt(dk)")
+        raise ExerciseError(f"for q {tuple(q.shape)}, k {tuple(k.shape)}: not SDPA with query head i reading K/V "
+                            "head i // g (softmax over the keys, the last axis of the scores)")
+    message = "the g query heads of a group stacked as g * L rows against their one K/V head"
+    if peak_memory is not None:
+        q = torch.randn(1, 8, 1, 64, generator=gen)
+        k, v = (torch.randn(1, 2, 4096, 64, generator=gen) for _ in range(2))
+        expanded = k.numel() * 4 * k.element_size()                      # one of K or V at 8 heads
+        peak = peak_memory(lambda: fn(q, k, v))
+        if peak >= expanded / 2:
+            raise ExerciseError(f"right answer, but the call's peak memory is {peak / 2**20:.1f} MiB at S = 4096, "
+                                f"against {expanded / 2**20:.0f} MiB for one expanded K: K or V is copied to 8 heads "
+                                "(repeat_interleave, expand + reshape, and matmul broadcasting over a group axis all "
+                                "copy). Reshape q instead: (B, h_kv, g * L, dk) @ k.transpose(-2, -1)")
+        message += (f"; peak memory {peak / 2**20:.2f} MiB on a decode step, under half of one expanded K "
+                    f"({expanded / 2**20:.0f} MiB)")
+    return passed(message)
 
 
 def check_mean_pool(fn) -> None:
@@ -138,5 +198,7 @@ def check_serving_plans(fn) -> None:
         missing, extra = sorted(want - got), sorted(got - want)
         raise ExerciseError(f"{where}: expected {sorted(want)}; missing {missing}, not fitting but returned {extra}")
     return passed("weights + 2 x layers x kv_heads x head_dim x tokens x batch x bytes <= the GPU; Llama-3-70B "
-                  "at 32 x 32k tokens fits one 80 GB GPU only with 4-bit weights and 1 to 4 K/V heads")
+                  "at 32 x 32k tokens fits 80 x 10^9 bytes only with 4-bit weights, and then with at most 4 K/V "
+                  "heads, those in a 4-bit cache (a card sold as 80 GB has 80 GiB, 85.9 x 10^9 bytes: there "
+                  "8-bit weights with 1 K/V head in a 4-bit cache fit too)")
 

@@ -275,6 +275,73 @@ def test_mean_pool_checker_diagnoses(wrong, match):
         nb07.check_mean_pool(wrong)
 
 
+# ----------------------------------------------------------------------------- nb07: gqa_attention
+def good_gqa(q, k, v):
+    B, h, L, dk = q.shape
+    q_groups = q.reshape(B, k.shape[1], -1, dk)                        # (B, h_kv, g * L, dk), a view
+    w = torch.softmax(q_groups @ k.transpose(-2, -1) / math.sqrt(dk), dim=-1)
+    return (w @ v).reshape(B, h, L, dk)
+
+
+def copying_gqa(q, k, v):
+    g = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
+    return torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1) @ v
+
+
+def broadcasting_gqa(q, k, v):                                         # matmul expands k[:, :, None]: a copy
+    B, h, L, dk = q.shape
+    q5 = q.view(B, k.shape[1], -1, L, dk)
+    w = torch.softmax(q5 @ k[:, :, None].transpose(-2, -1) / math.sqrt(dk), dim=-1)
+    return (w @ v[:, :, None]).reshape(B, h, L, dk)
+
+
+def tiled_gqa(q, k, v):                                                # heads i and i + h_kv share, wrongly
+    B, h, L, dk = q.shape
+    q_t = q.view(B, -1, k.shape[1], L, dk).transpose(1, 2).reshape(B, k.shape[1], -1, dk)
+    w = torch.softmax(q_t @ k.transpose(-2, -1) / math.sqrt(dk), dim=-1)
+    return (w @ v).view(B, k.shape[1], -1, L, dk).transpose(1, 2).reshape(B, h, L, dk)
+
+
+def unscaled_gqa(q, k, v):
+    B, h, L, dk = q.shape
+    w = torch.softmax(q.reshape(B, k.shape[1], -1, dk) @ k.transpose(-2, -1), dim=-1)
+    return (w @ v).reshape(B, h, L, dk)
+
+
+def fused_gqa(q, k, v):
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+
+
+RIGHT["gqa_attention"] = nb07.check_gqa_attention, good_gqa
+
+
+def test_gqa_attention_right_answer_passes_the_memory_check(capsys):
+    from selfattn_lite.course import memory
+    out = expect_correct(nb07.check_gqa_attention, good_gqa, capsys, memory.peak_memory)
+    assert "under half of one expanded K" in out
+
+
+@pytest.mark.parametrize("wrong, match", [
+    (tiled_gqa, "wrong K/V heads"),
+    (unscaled_gqa, "not scaled"),
+    (fused_gqa, "fused kernel"),
+    (lambda q, k, v: good_gqa(q, k, v)[:, :, :1], r"expected shape \(2, 8, 3, 4\)"),
+    (lambda q, k, v: good_gqa(q, k, v) + 1, "not SDPA"),
+])
+def test_gqa_attention_checker_diagnoses(wrong, match):
+    with pytest.raises(ExerciseError, match=match):
+        nb07.check_gqa_attention(wrong)
+
+
+@pytest.mark.parametrize("wrong", [copying_gqa, broadcasting_gqa])
+def test_gqa_attention_checker_catches_the_copy(wrong):
+    from selfattn_lite.course import memory
+    nb07.check_gqa_attention(wrong)                                     # right values ...
+    with pytest.raises(ExerciseError, match="K or V is copied"):        # ... but K or V copied to 8 heads
+        nb07.check_gqa_attention(wrong, memory.peak_memory)
+
+
 # ----------------------------------------------------------------------------- nb07: plans_that_fit
 
 def plans_that_fit(name, batch, seq_len, gpu_bytes, weight_bytes_per_value):
