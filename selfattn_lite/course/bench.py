@@ -818,17 +818,25 @@ def print_table(rows: list[BenchRow]) -> None:
 
 
 def plot_rows(rows: list[BenchRow], ax=None, title: str | None = None):
-    """Horizontal bar chart of time per implementation (ms), reference first."""
+    """Horizontal bar chart of time per implementation (ms), reference first: the median, and a black
+    line over each bar from the fastest sample to the slowest (where the rows record them), so a ratio
+    inside overlapping ranges is not read as a ranking."""
     import matplotlib.pyplot as plt
 
     if ax is None:
         _, ax = plt.subplots(figsize=(7, 1.2 + 0.45 * len(rows)))
     names = [r.name if r.precision == r.dtype else r.label for r in rows][::-1]
     ms = [r.ms for r in rows][::-1]
-    bars = ax.barh(names, ms, color="#0072B2")
-    for bar, r in zip(bars, rows[::-1]):
-        ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, f" {r.ratio:.2f}x",
-                va="center", fontsize=9)
+    ranged = all(r.min_seconds is not None and r.spread_seconds is not None for r in rows)
+    xerr = None
+    if ranged:                                       # (2, n): median - min, max - median, in ms
+        lo = [1e3 * (r.seconds - r.min_seconds) for r in rows][::-1]
+        hi = [1e3 * (r.min_seconds + r.spread_seconds - r.seconds) for r in rows][::-1]
+        xerr = [[max(v, 0.0) for v in lo], [max(v, 0.0) for v in hi]]
+    bars = ax.barh(names, ms, color="#0072B2", xerr=xerr, ecolor="black", capsize=3)
+    ends = [m + (xerr[1][i] if xerr else 0.0) for i, m in enumerate(ms)]   # the label goes past the range line
+    for bar, end, r in zip(bars, ends, rows[::-1]):
+        ax.text(end, bar.get_y() + bar.get_height() / 2, f" {r.ratio:.2f}x", va="center", fontsize=9)
     ax.set_xlabel("time per call (ms), lower is better")
     ax.set_title(title or f"{rows[0].device}, {rows[0].dtype}")
     ax.margins(x=0.15)

@@ -1,5 +1,5 @@
-"""Checkers for notebook 06: int8 quantisation of a cache, attention of new tokens over a cache, a cached
-decoding loop."""
+"""Checkers for notebook 06: attention through a paged cache's block table, int8 quantisation of a cache,
+attention of new tokens over a cache, a cached decoding loop."""
 
 from __future__ import annotations
 
@@ -9,7 +9,65 @@ import torch
 
 from . import ExerciseError, NotAttempted, attempt, close, not_attempted, passed, require_tensor
 
-__all__ = ["check_quantize_int8", "check_cached_attention", "check_generate"]
+__all__ = ["check_paged_decode", "check_quantize_int8", "check_cached_attention", "check_generate"]
+
+
+def _through_table(pool, table, n, *, heads_first=True):
+    """(h, n, dk): tokens 0..n-1 of a request, pool (n_blocks, h, block_size, dk), its blocks ``table`` in order."""
+    blocks = pool[torch.tensor(table)]                                   # (len(table), h, block_size, dk)
+    if heads_first:
+        return blocks.transpose(0, 1).reshape(pool.shape[1], -1, pool.shape[-1])[:, :n]
+    return blocks.reshape(pool.shape[1], -1, pool.shape[-1])[:, :n]    # the mistake: heads and blocks mixed
+
+
+def check_paged_decode(fn) -> None:
+    """``fn(q, k_pool, v_pool, table, n)`` must return one decode query's attention over a paged cache.
+
+    q: (h, 1, dk); k_pool, v_pool: (n_blocks, h, block_size, dk); table: the request's pool blocks in
+    order (a list of ints); n: its tokens, token i in block table[i // block_size] at slot
+    i % block_size. Returns (h, 1, dk): softmax(q K^T / sqrt(dk)) V over those n tokens.
+    """
+    gen = torch.Generator().manual_seed(6)
+    n_blocks, h, block, dk = 10, 2, 4, 8
+    cases = [([7, 2, 5], 2 * block + 3),     # out of pool order; the last block holds 3 of its 4 slots
+             ([9, 0, 3], 3 * block)]         # every block full
+    for table, n in cases:
+        k_pool = 4 * torch.randn(n_blocks, h, block, dk, generator=gen)   # every slot filled: a slot read
+        v_pool = 4 * torch.randn(n_blocks, h, block, dk, generator=gen)   # by mistake changes the output
+        q = torch.randn(h, 1, dk, generator=gen) / 2
+        try:
+            got = attempt(fn, q.clone(), k_pool.clone(), v_pool.clone(), list(table), n)
+        except NotAttempted:
+            return not_attempted("paged_decode")
+        require_tensor("the output", got, (h, 1, dk))
+        k, v = _through_table(k_pool, table, n), _through_table(v_pool, table, n)
+        if close(got, _attend(q, k, v)):
+            continue
+        where = f"table {table}, n = {n}, block_size {block}"
+        wrongs = [
+            (_attend(q, _through_table(k_pool, sorted(table), n), _through_table(v_pool, sorted(table), n)),
+             "the blocks were read in pool order: the table lists them in the request's order, so read "
+             "k_pool[table] as the table gives it, never sorted"),
+            (_attend(q, _through_table(k_pool, list(range(len(table))), n),
+                     _through_table(v_pool, list(range(len(table))), n)),
+             "the request's blocks are not the first blocks of the pool: table[j] is the pool index of its "
+             "j-th block, k_pool[table]"),
+            (_attend(q, _through_table(k_pool, table, len(table) * block), _through_table(v_pool, table, len(table) * block)),
+             "the last block is only partly filled: after joining the blocks keep the first n tokens ([:, :n]); "
+             "the empty slots hold whatever was there before"),
+            (_attend(q, _through_table(k_pool, table, n, heads_first=False), _through_table(v_pool, table, n, heads_first=False)),
+             "k_pool[table] is (blocks, h, block_size, d_k): move the heads first (transpose(0, 1)) before "
+             "merging blocks and slots into one token axis, or each head reads another head's keys"),
+            (_attend(q, k, v, scale=False), "divide the scores by sqrt(d_k)"),
+            (_attend(q, k, v, dim=-2), "softmax over the keys (the last dim of q K^T), not over the queries"),
+        ]
+        for wrong, hint in wrongs:
+            if close(got, wrong):
+                raise ExerciseError(f"{where}: {hint}")
+        raise ExerciseError(f"{where}: the output differs from attention over the request's n tokens read "
+                            "through the table (token i in block table[i // block_size], slot i % block_size)")
+    return passed("attention through a block table: the blocks in the table's order, heads first, the first n "
+                  "tokens: the same output as attention over a contiguous copy of the request")
 
 
 def check_quantize_int8(fn) -> None:

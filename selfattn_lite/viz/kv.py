@@ -34,7 +34,8 @@ KV_COLORS = {"computed": "#D55E00", "recomputed": "#E69F00", "read": "#56B4E9",
              "weights": "#999999", "cache": "#0072B2", "free": "#ffffff"}
 GROUP_COLORS = ["#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#999999"]
 DTYPE_BYTES = {"fp32": 4, "bf16 / fp16": 2, "fp8 / int8": 1}
-GPU_BYTES = 80 * 10**9  # one 80 GB accelerator (H100 / A100 80GB), for scale
+GPU_BYTES = 80 * 2**30  # one "80 GB" accelerator, for scale: nvidia-smi reports 81,920 MiB on an A100 80GB
+#                         (81,559 MiB on an H100), so the "80 GB" of the name is about 80 GiB
 
 
 def _new_axes(figsize) -> Axes:
@@ -64,7 +65,7 @@ def draw_cache_memory(preset, seq_len: int, batch: int = 1, bytes_per_value: flo
         ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, f" {format_bytes(n)}", va="center", fontsize=9)
     gpu = GPU_BYTES / 2**30
     ax.axvline(gpu, color="#333333", linestyle="--", linewidth=1)
-    ax.text(gpu, 1.45, f" one 80 GB GPU ({gpu:.1f} GiB)", fontsize=8, va="bottom")
+    ax.text(gpu, 1.45, f" one 80 GB GPU (about {gpu:.0f} GiB)", fontsize=8, va="bottom")
     ax.set_xlim(0, max(gib + [gpu]) * 1.3)
     ax.set_ylim(-0.6, 1.8)
     ax.set_xlabel("memory (GiB)")

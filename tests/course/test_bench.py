@@ -324,6 +324,7 @@ def test_plot_rows():
                          compute_dtypes={"b": torch.float64})
     ax = bench.plot_rows(rows)
     assert [t.get_text() for t in ax.get_yticklabels()] == ["b [float32 -> float64]", "a"]
+    assert any(type(c).__name__ == "ErrorbarContainer" for c in ax.containers)   # each bar: its min-max range
 
 
 def test_the_cuda_clock_synchronizes_without_torch_utils_benchmark(monkeypatch):

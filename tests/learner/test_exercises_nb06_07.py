@@ -18,6 +18,45 @@ def stub(*args):
 RIGHT = {}          # test id -> (checker, a right answer); each exercise below adds its own
 
 
+# ---------------------------------------------------------------- nb06: attention through a block table
+def good_paged(q, k_pool, v_pool, table, n):
+    idx = torch.tensor(table)
+    k = k_pool[idx].transpose(0, 1).flatten(1, 2)[:, :n]          # (h, n, dk)
+    v = v_pool[idx].transpose(0, 1).flatten(1, 2)[:, :n]
+    return torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1) @ v
+
+
+def good_paged_loop(q, k_pool, v_pool, table, n):                 # token by token through the table
+    block = k_pool.shape[2]
+    k = torch.stack([k_pool[table[i // block], :, i % block] for i in range(n)], dim=1)   # (h, n, dk)
+    v = torch.stack([v_pool[table[i // block], :, i % block] for i in range(n)], dim=1)
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+
+
+RIGHT["paged_decode"] = nb06.check_paged_decode, good_paged
+RIGHT["paged_decode (token by token, torch SDPA)"] = nb06.check_paged_decode, good_paged_loop
+
+
+def _paged_heads_mixed(q, k_pool, v_pool, table, n):
+    idx = torch.tensor(table)
+    k = k_pool[idx].reshape(k_pool.shape[1], -1, k_pool.shape[-1])[:, :n]
+    v = v_pool[idx].reshape(v_pool.shape[1], -1, v_pool.shape[-1])[:, :n]
+    return torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1) @ v
+
+
+@pytest.mark.parametrize("wrong, match", [
+    (lambda q, k, v, t, n: good_paged(q, k, v, sorted(t), n), "pool order"),
+    (lambda q, k, v, t, n: good_paged(q, k, v, list(range(len(t))), n), "not the first blocks of the pool"),
+    (lambda q, k, v, t, n: good_paged(q, k, v, t, len(t) * k.shape[2]), "only partly filled"),
+    (_paged_heads_mixed, "move the heads first"),
+    (lambda q, k, v, t, n: good_paged(q * math.sqrt(q.shape[-1]), k, v, t, n), r"sqrt\(d_k\)"),
+    (lambda q, k, v, t, n: good_paged(q, k, v, t, n)[:, :, :4], "shape"),
+])
+def test_paged_decode_checker_diagnoses(wrong, match):
+    with pytest.raises(ExerciseError, match=match):
+        nb06.check_paged_decode(wrong)
+
+
 # ---------------------------------------------------------------- nb06: int8 quantisation
 def good_quantize(x):
     scale = x.abs().amax(dim=-1, keepdim=True) / 127
