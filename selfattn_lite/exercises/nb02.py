@@ -46,6 +46,9 @@ def check_second_query(weights, output) -> None:
                             "tokens 1 and 2: [True, True, False]")
     if close(weights, masked_softmax(scores, allowed), atol=5e-3):
         raise ExerciseError("you forgot to divide the scores by sqrt(dk) = sqrt(2) before the softmax")
+    if close(weights, masked_softmax(scores * math.sqrt(2), allowed), atol=5e-3):
+        raise ExerciseError("you multiplied the scores by sqrt(2); divide them by sqrt(dk) = sqrt(2) before the "
+                            "softmax")
     if close(weights[:2], scaled[:2], atol=5e-3):
         raise ExerciseError("these are the scaled scores, not the weights: apply softmax to them")
     if not close(weights, expected, atol=5e-3):

@@ -181,6 +181,7 @@ def test_second_query_checker(capsys):
         (unmasked * torch.tensor([1.0, 1.0, 0.0]), "after the softmax"),              # zeroed, not renormalised
         (torch.tensor([1.0, 0.0, 0.0]), "token 1's row"),                             # the first row of the mask
         (token2_causal(s * math.sqrt(2)), "sqrt\\(2\\)"),                              # scale forgotten
+        (token2_causal(s * 2), "multiplied the scores"),                               # times sqrt(2), not divided
         (s.masked_fill(torch.tensor([False, False, True]), 0.0), "apply softmax"),    # scores, not weights
     ]
     for weights, match in planted:
