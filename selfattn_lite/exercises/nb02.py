@@ -1,4 +1,5 @@
-"""Checkers for notebook 02: the worked 3-token example (token 2's causal row, the query length that saturates)."""
+"""Checkers for notebook 02: the worked 3-token example (token 2's causal row, the query length that saturates,
+the gradient on the query)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ import torch
 
 from . import ExerciseError, NotAttempted, attempt, close, not_attempted, passed, require_tensor
 
-__all__ = ["KEYS", "VALUES", "check_second_query", "check_scale_for_weight"]
+__all__ = ["KEYS", "VALUES", "check_second_query", "check_scale_for_weight", "check_query_gradient"]
 
 KEYS = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])    # k1, k2, k3
 VALUES = torch.tensor([[1.0, 0.0], [0.0, 2.0], [1.0, 1.0]])  # v1, v2, v3
+Q1 = torch.tensor([1.0, 0.0])
 Q2 = torch.tensor([0.0, 1.0])
 
 
@@ -46,6 +48,9 @@ def check_second_query(weights, output) -> None:
                             "tokens 1 and 2: [True, True, False]")
     if close(weights, masked_softmax(scores, allowed), atol=5e-3):
         raise ExerciseError("you forgot to divide the scores by sqrt(dk) = sqrt(2) before the softmax")
+    if close(weights, masked_softmax(scores * math.sqrt(2), allowed), atol=5e-3):
+        raise ExerciseError("you multiplied the scores by sqrt(2); divide them by sqrt(dk) = sqrt(2) before the "
+                            "softmax")
     if close(weights[:2], scaled[:2], atol=5e-3):
         raise ExerciseError("these are the scaled scores, not the weights: apply softmax to them")
     if not close(weights, expected, atol=5e-3):
@@ -91,3 +96,37 @@ def check_scale_for_weight(fn) -> None:
         return math.sqrt(2) * math.log((1 / w - 1) / 2)
     return passed(f"c = sqrt(2) ln((1/w - 1) / 2): token 2's weight is 1% at c = {scale(0.01):.1f} and 0.01% at "
                   f"c = {scale(1e-4):.1f}; it falls exponentially as the query grows")
+
+
+def check_query_gradient(grad_q) -> None:
+    """``grad_q`` (2,): d out_2 / d q for the query q = [1, 0] at scale 1 (out_2 = the output's second coordinate).
+
+    With s_j = q.k_j / sqrt(2) and g_j = d out_2 / d s_j = w_j (v_j2 - out_2), the chain rule gives
+    d out_2 / d q = sum_j g_j k_j / sqrt(2).
+    """
+    if grad_q is None:
+        return not_attempted("grad_q")
+    grad_q = require_tensor("grad_q", torch.as_tensor(grad_q, dtype=torch.float32), (2,))
+    q = Q1.clone().requires_grad_()
+    w = torch.softmax(KEYS @ q / math.sqrt(2), dim=-1)
+    (w @ VALUES)[1].backward()
+    expected = q.grad
+    w = w.detach()
+    g = w * (VALUES[:, 1] - w @ VALUES[:, 1])                          # (3,) gradient on the scaled scores
+    if close(grad_q, -expected, atol=5e-3):
+        raise ExerciseError("the sign is flipped: g_j = w_j (v_j2 - out_2), and d out_2 / d q = sum_j g_j k_j / sqrt(2)")
+    if close(grad_q, g @ KEYS, atol=5e-3):
+        raise ExerciseError("you forgot the 1/sqrt(2): s_j = q.k_j / sqrt(2), so d s_j / d q = k_j / sqrt(2)")
+    if close(grad_q, g @ KEYS * math.sqrt(2), atol=5e-3):
+        raise ExerciseError("you multiplied by sqrt(2); s_j = q.k_j / sqrt(2), so d s_j / d q = k_j / sqrt(2)")
+    if close(grad_q, g @ VALUES / math.sqrt(2), atol=5e-3):
+        raise ExerciseError("d s_j / d q is the key k_j / sqrt(2), not the value: sum the keys, weighted by g_j")
+    if close(grad_q, w @ KEYS / math.sqrt(2), atol=5e-3):
+        raise ExerciseError("that sums the keys weighted by the attention weights w_j; weight them by the gradients "
+                            "on the scores, g_j = w_j (v_j2 - out_2)")
+    if not close(grad_q, expected, atol=5e-3):
+        raise ExerciseError(f"d out_2 / d q = sum_j g_j k_j / sqrt(2), with g_j = w_j (v_j2 - out_2) = "
+                            f"{[round(x, 4) for x in g.tolist()]} (the gradient on the scores at scale 1)")
+    assert expected[0] < 0 < expected[1]                               # away from k_1, towards k_2
+    return passed(f"d out_2 / d q = {[round(x, 4) for x in expected.tolist()]}: a step up this gradient turns q "
+                  "away from k_1 = [1, 0] and towards k_2 = [0, 1], the key whose value [0, 2] raises out_2")

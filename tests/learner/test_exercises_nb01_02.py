@@ -181,6 +181,7 @@ def test_second_query_checker(capsys):
         (unmasked * torch.tensor([1.0, 1.0, 0.0]), "after the softmax"),              # zeroed, not renormalised
         (torch.tensor([1.0, 0.0, 0.0]), "token 1's row"),                             # the first row of the mask
         (token2_causal(s * math.sqrt(2)), "sqrt\\(2\\)"),                              # scale forgotten
+        (token2_causal(s * 2), "multiplied the scores"),                               # times sqrt(2), not divided
         (s.masked_fill(torch.tensor([False, False, True]), 0.0), "apply softmax"),    # scores, not weights
     ]
     for weights, match in planted:
@@ -210,4 +211,43 @@ def test_scale_for_weight_checker_diagnoses(wrong, match):
         nb02.check_scale_for_weight(wrong)
 
 
+def query_gradient_parts():
+    """(g, w): the gradient of out_2 on the scaled scores and the weights, for q = [1, 0] at scale 1."""
+    w = torch.softmax(nb02.KEYS @ torch.tensor([1.0, 0.0]) / math.sqrt(2), -1)
+    return w * (nb02.VALUES[:, 1] - w @ nb02.VALUES[:, 1]), w
+
+
+def test_query_gradient_checker(capsys):
+    g, w = query_gradient_parts()
+    right = g @ nb02.KEYS / math.sqrt(2)
+    out = expect_correct(nb02.check_query_gradient, right, capsys)
+    assert "towards k_2" in out
+    expect_not_attempted(nb02.check_query_gradient, None, capsys)
+    planted = [
+        (-right, "sign is flipped"),
+        (g @ nb02.KEYS, "forgot the 1/sqrt"),
+        (g @ nb02.KEYS * math.sqrt(2), "multiplied by sqrt"),
+        (g @ nb02.VALUES / math.sqrt(2), "not the value"),
+        (w @ nb02.KEYS / math.sqrt(2), "attention weights"),
+        (torch.zeros(2), "sum_j g_j k_j"),
+    ]
+    for wrong, match in planted:
+        with pytest.raises(ExerciseError, match=match):
+            nb02.check_query_gradient(wrong)
+    with pytest.raises(ExerciseError, match=r"shape \(2,\)"):
+        nb02.check_query_gradient(right[None])
+
+
 test_right_and_not_attempted = right_and_not_attempted_test(RIGHT, stub)
+
+
+def test_notebook_02_example_is_the_checkers_keys_and_values():
+    """The tensors notebook 02 types in its first cell are the checker's KEYS and VALUES."""
+    import nbformat
+
+    from helpers import ROOT
+    nb = nbformat.read(ROOT / "notebooks" / "02_worked_numeric_example.ipynb", as_version=4)
+    cell = next(c for c in nb.cells if c.get("id") == "ea916d59")
+    env = {}
+    exec(cell.source, {"torch": torch}, env)
+    assert torch.equal(env["K"], nb02.KEYS) and torch.equal(env["V"], nb02.VALUES)
