@@ -97,6 +97,7 @@ def test_the_floor_is_one_over_n_on_the_evaluation_rows():
 
 
 def test_the_selection_and_which_rates_leave_the_floor():
+    assert [m for m in MIXERS if CHOSEN[m] == max(LRS)] == ["linear", "delta", "hybrid_1in4"]   # not bracketed
     assert CHOSEN == {"attention": 3e-3, "window": 3e-3, "linear": 1e-2, "delta": 1e-2, "gated_delta": 3e-3,
                       "s6": 3e-3, "hybrid": 3e-3, "hybrid_1in4": 1e-2}
     for mixer in MIXERS:                                            # seeds 1 and 2 only at the chosen rate
@@ -171,11 +172,11 @@ def test_best_and_median_seed_readings():
     assert min(acc(r, "16") for r in seeds("delta")) < 0.8                # the delta rule's third seed
 
 
-def test_capacity_never_binds_and_the_falls_are_not_capacity():
+def test_the_largest_rows_sit_at_the_read_out_bound():
     for m in ("linear", "delta", "gated_delta", "s6"):
         config = RUNS[seeds(m)[0]]["config"]
         per_query = config["d_state"] if m == "s6" else config["d_model"] // config["n_heads"]
-        assert per_query == 16 and max(int(p) for p in PAIRS) <= per_query
+        assert per_query == 16 and max(int(p) for p in PAIRS) == per_query       # at the bound, not below it
     for m in ("gated_delta", "linear"):
         assert all(acc(r, "4") - acc(r, "16") > 0.1 for r in seeds(m))
 
@@ -200,10 +201,10 @@ def test_loss_readings():
 
 BUDGET_READINGS = {                                              # the notebook's readings, run by run
     "attention_lr3e-3_s0": "at the ceiling", "attention_lr3e-3_s2": "no recall at either budget",
-    "gated_delta_lr3e-3_s0": "improved", "s6_lr3e-3_s0": "no recall at either budget",
+    "gated_delta_lr3e-3_s0": "gained more than 0.05", "s6_lr3e-3_s0": "no recall at either budget",
     "hybrid_lr3e-3_s0": "no recall at either budget", "hybrid_1in4_lr1e-2_s0": "worse",
     "hybrid_1in4_lr1e-2_s2": "left the floor", "delta_lr1e-2_s0": "at the ceiling",
-    "linear_lr1e-2_s0": "stopped improving", "window_lr3e-3_s0": "no recall at either budget",
+    "linear_lr1e-2_s0": "changed by less than 0.05", "window_lr3e-3_s0": "no recall at either budget",
 }
 
 
@@ -218,7 +219,7 @@ def budget_reading(short: dict, long: dict) -> str:
         return "left the floor"
     if all(short["accuracy"][p] > 1 - MARGIN for p in PAIRS):
         return "at the ceiling"                                   # a gain of 0.05 is impossible: the check cannot fail
-    return "improved" if max(change) > MARGIN else "stopped improving"
+    return "gained more than 0.05" if max(change) > MARGIN else "changed by less than 0.05"
 
 
 def test_the_budget_check():
@@ -243,7 +244,12 @@ def test_the_budget_check():
             assert all(abs(BUDGET[f"{run}_steps6000"]["accuracy"][p] - FLOOR[p]) <= MARGIN for p in PAIRS), run
     gated = "gated_delta_lr3e-3_s0_steps6000"                     # the notebook: the gain is at 16 pairs
     if gated in BUDGET:
-        assert BUDGET[gated]["accuracy"]["16"] - acc("gated_delta_lr3e-3_s0", "16") > MARGIN
+        gain = BUDGET[gated]["accuracy"]["16"] - acc("gated_delta_lr3e-3_s0", "16")
+        spread = [acc(r, "16") for r in seeds("gated_delta")]
+        assert MARGIN < gain < max(spread) - min(spread)           # a gain, but less than the seeds differ
+    linear = "linear_lr1e-2_s0_steps6000"                          # every change upward, each under 0.05
+    if linear in BUDGET:
+        assert all(0 < BUDGET[linear]["accuracy"][p] - acc("linear_lr1e-2_s0", p) < MARGIN for p in PAIRS)
 
 
 # --- live readings on rows of other seeds -------------------------------------------------------------------
@@ -274,7 +280,7 @@ def test_windows_sit_below_the_floor_and_mostly_answer_tokens_out_of_reach():
         pair_value = mean(guess[b, t].item() in inputs[b, 1:16:2].tolist() for b, t, _ in queries)
         value_token = mean(guess[b, t].item() >= VOCAB // 2 for b, t, _ in queries)
         assert pair_value < 0.5 and value_token > 0.9, (run, pair_value, value_token)
-        in_reach = mean(guess[b, t].item() in inputs[b, max(0, t - 19):t + 1].tolist() for b, t, _ in queries)
+        in_reach = mean(guess[b, t].item() in inputs[b, max(0, t - 20):t + 1].tolist() for b, t, _ in queries)
         assert in_reach < 0.5, (run, in_reach)                     # two layers reach 2 x (7 + 3) = 20 positions
 
 
