@@ -1,9 +1,10 @@
-"""Checkers for notebook 09: find and fix the bug in four short, realistic snippets.
+"""Checkers for notebook 09: find and fix the bug in short, realistic snippets, and write a property test.
 
 Each checker runs the learner's fixed function on fresh inputs and compares it with a reference
 (torch, or each sequence run alone). When the answer is still wrong it names the *bug class* it sees
 (a missing position offset, a top-left causal mask, a float mask read as a boolean one, the wrong
-width in the scale, an inverted key-padding mask), never the corrected line.
+width in the scale, an inverted key-padding mask), never the corrected line. ``check_leaks_future``
+grades a test the learner writes: it must pass correct causal attention and catch planted leaks.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from ..masks import causal_mask
 from ..positions import RotaryEmbedding
 from . import ExerciseError, NotAttempted, attempt, close, not_attempted, passed, require_tensor
 
-__all__ = ["check_decode_chunk", "check_padded_sdpa", "check_multi_head_attention", "check_padded_self_attention"]
+__all__ = ["check_decode_chunk", "check_padded_sdpa", "check_multi_head_attention", "check_padded_self_attention",
+           "check_leaks_future"]
 
 
 def _bug(pitfall: str, message: str) -> ExerciseError:
@@ -204,3 +206,64 @@ def check_padded_self_attention(fn) -> None:
     if close(got[1, :4], unmasked[1, :4], atol=1e-5):
         raise _bug("no padding mask", "the real tokens still attend to the padding")
     raise ExerciseError("the real tokens' outputs should equal each sequence run alone without its padding")
+
+
+# ----------------------------------------------------------------------------- 3. write the property test
+
+def _causal_candidates():
+    """(name, attn, leaks) triples: attention functions (q, k, v) -> out, all (B, T, d), meant to be causal."""
+    def sdpa_causal(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    def by_hand_causal(q, k, v):
+        T = q.shape[-2]
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+        return torch.softmax(scores.masked_fill(~causal_mask(T, T), float("-inf")), dim=-1) @ v
+
+    def no_mask(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v)
+
+    def one_ahead(q, k, v):                                           # each token also sees the next one
+        T = q.shape[-2]
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(T, T, dtype=torch.bool).tril(1))
+
+    def softmax_over_queries(q, k, v):                                # causal mask, softmax over the wrong dim
+        T = q.shape[-2]
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+        return torch.softmax(scores.masked_fill(~causal_mask(T, T), float("-inf")), dim=-2) @ v
+
+    return [("SDPA with is_causal=True", sdpa_causal, False), ("a hand-written causal attention", by_hand_causal, False),
+            ("no mask", no_mask, True), ("one_ahead", one_ahead, True), ("queries", softmax_over_queries, True)]
+
+
+def check_leaks_future(fn) -> None:
+    """``fn(attn) -> bool``: True when the causal attention ``attn(q, k, v)`` lets an output row see a later token.
+
+    The checker hands ``fn`` two correct causal attentions and three that leak the future (no mask, a mask
+    that also shows the next token, a softmax taken over the queries), and names the one it gets wrong.
+    """
+    verdicts = {}
+    for name, attn, leaks in _causal_candidates():
+        try:
+            got = attempt(fn, attn)
+        except NotAttempted:
+            return not_attempted("leaks_future")
+        if not isinstance(got, (bool, torch.Tensor)) or (isinstance(got, torch.Tensor) and got.numel() != 1):
+            raise ExerciseError(f"leaks_future(attn) should return True or False, got {type(got).__name__}")
+        verdicts[name] = (bool(got), leaks)
+    for name in ("SDPA with is_causal=True", "a hand-written causal attention"):
+        if verdicts[name][0]:
+            raise ExerciseError(f"your test says {name} leaks the future, but it is correct: change only tokens "
+                                "after the rows you compare, and compare with a tolerance (float rounding)")
+    if not verdicts["no mask"][0]:
+        raise ExerciseError("your test misses an attention with no mask at all: change a later token, run attn "
+                            "again, and compare the rows before it")
+    if not verdicts["one_ahead"][0]:
+        raise ExerciseError("your test misses a mask that lets each token see only the *next* one: a change "
+                            "to a late token moves only the row just before it, so compare every earlier row "
+                            "(and try more than one position)")
+    if not verdicts["queries"][0]:
+        raise ExerciseError("your test misses a leak through the queries: with softmax over the wrong dim, a row's "
+                            "weights depend on later *queries*, so changing a later value alone shows nothing; "
+                            "change the later token itself (its q, k and v)")
+    return passed("your test accepts both correct causal attentions and catches all three leaks")

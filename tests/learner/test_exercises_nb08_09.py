@@ -393,6 +393,81 @@ def test_padded_self_attention_diagnoses(wrong, fragment):
     expect_error(nb09.check_padded_self_attention, wrong, fragment)
 
 
+# ---------------------------------------------------------------- nb09 exercise 3: write the property test
+
+def _qkv(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(1, 6, 8, generator=g) for _ in range(3))
+
+
+def leaks_future_right(attn):
+    q, k, v = _qkv()
+    out = attn(q, k, v)
+    g = torch.Generator().manual_seed(1)
+    for t in range(1, 6):                                              # change every token from t on
+        moved = [x.clone() for x in (q, k, v)]
+        for x in moved:
+            x[:, t:] += torch.randn(x[:, t:].shape, generator=g)
+        if not torch.allclose(attn(*moved)[:, :t], out[:, :t], atol=1e-6):
+            return True
+    return False
+
+
+def leaks_future_each_position(attn):
+    """Another right answer: change one later token at a time, by a large amount."""
+    q, k, v = _qkv(3)
+    out = attn(q, k, v)
+    for t in range(1, 6):
+        moved = [x.clone() for x in (q, k, v)]
+        for x in moved:
+            x[:, t] = -x[:, t] + 5.0
+        if (attn(*moved)[:, :t] - out[:, :t]).abs().max() > 1e-5:
+            return True
+    return False
+
+
+def leaks_values_only(attn):                                          # misses the leak through the queries
+    q, k, v = _qkv()
+    out = attn(q, k, v)
+    for t in range(1, 6):
+        v2 = v.clone()
+        v2[:, t:] += 1.0
+        if not torch.allclose(attn(q, k, v2)[:, :t], out[:, :t], atol=1e-6):
+            return True
+    return False
+
+
+def leaks_row0_last_token(attn):                                      # pitfall 3's recipe, with q, k and v
+    q, k, v = _qkv()
+    moved = [x.clone() for x in (q, k, v)]
+    for x in moved:
+        x[:, -1] += 10.0
+    return not torch.allclose(attn(*moved)[:, 0], attn(q, k, v)[:, 0], atol=1e-6)
+
+
+def leaks_whole_output(attn):                                         # compares the rows at and after the change
+    q, k, v = _qkv()
+    v2 = v.clone()
+    v2[:, -1] += 1.0
+    return not torch.allclose(attn(q, k, v2), attn(q, k, v))
+
+
+RIGHT["leaks_future"] = nb09.check_leaks_future, leaks_future_right
+RIGHT["leaks_future_each_position"] = nb09.check_leaks_future, leaks_future_each_position
+
+
+@pytest.mark.parametrize("wrong,fragment", [
+    (leaks_values_only, "leak through the queries"),
+    (leaks_row0_last_token, "only the *next* one"),
+    (leaks_whole_output, "is correct"),
+    (lambda attn: False, "no mask at all"),
+    (lambda attn: True, "is correct"),
+    (lambda attn: "yes", "should return True or False"),
+])
+def test_leaks_future_diagnoses(wrong, fragment):
+    expect_error(nb09.check_leaks_future, wrong, fragment)
+
+
 def test_no_message_prints_the_fixed_line():
     """The checkers name the bug class for the untouched stubs; they do not hand out the corrected code."""
     messages = []
