@@ -123,7 +123,8 @@ def check_unpatchify(fn) -> None:
                             "k % (W/p) (numbered left to right, then top to bottom)")
     channels_last = patches.reshape(6, p, p, 3).permute(0, 3, 1, 2).reshape(6, 48)
     if close(got, _reference_unpatchify(channels_last, p, 8, 12)):
-        raise ExerciseError("you read each patch as (p, p, C): it was flattened channels first, (C, p, p)")
+        raise ExerciseError("you read each patch as (p, p, C), the order MAE's patchify uses: these patches were "
+                            "flattened channels first, (C, p, p), as PyTorch ViT implementations cut them")
     if not close(got, image):
         raise ExerciseError("the image differs from the one the patches came from: patch k = r * (W/p) + c "
                             "holds image[:, r*p:(r+1)*p, c*p:(c+1)*p], flattened as (C, p, p)")
@@ -135,7 +136,7 @@ def check_unpatchify(fn) -> None:
     if not (isinstance(again, torch.Tensor) and again.shape == small.shape and close(again, small)):
         raise ExerciseError("right for a 3-channel 8 x 12 image with p = 4, wrong for 1 channel, 4 x 8, p = 2: "
                             "read C from the patches' width (C*p*p) instead of a fixed number")
-    return passed("the patches go back to the image: the inverse of ViT's row-major, channels-first cut")
+    return passed("the patches go back to the image: the inverse of section 4's row-major, channels-first cut")
 
 
 def _reference_unpatchify(patches: torch.Tensor, p: int, H: int, W: int) -> torch.Tensor:
