@@ -110,6 +110,13 @@ def _is_oom(err: BaseException) -> bool:
     return isinstance(err, torch.cuda.OutOfMemoryError) or "out of memory" in str(err).lower()
 
 
+def _upcast_compute_dtypes(calls, dtype) -> dict:
+    """The dtype each row's matmuls run in where it is not ``dtype``: explicit and tiled attention
+    both upcast half inputs to float32 (``efficient._tiles``), so their rows are labelled, and rated
+    against the peak, as float32; SDPA computes in the input dtype."""
+    return {name: bench.upcast_dtype(dtype) for name in (EXPLICIT, TILED) if name in calls}
+
+
 def measure(ns, *, B: int = 1, H: int = 8, D: int = 64, dtype=torch.float32, device="cpu",
             is_causal: bool = False, block_size=None, budget_s: float = 0.5,
             memory: bool = True, fits=None) -> list[dict]:
@@ -130,7 +137,7 @@ def measure(ns, *, B: int = 1, H: int = 8, D: int = 64, dtype=torch.float32, dev
         flops = bench.attention_flops(B, H, n, n, D, is_causal=is_causal)
         calls = implementations(q, k, v, is_causal=is_causal, block_size=block_size,
                                 explicit=fits is None or fits(EXPLICIT, n))
-        upcast = {EXPLICIT: bench.upcast_dtype(dtype)} if EXPLICIT in calls else {}   # float32 matmuls for half
+        upcast = _upcast_compute_dtypes(calls, dtype)
         try:
             rows = bench.compare(calls, reference=SDPA, flops=flops, device=device, budget_s=budget_s,
                                  compute_dtypes=upcast)
@@ -140,7 +147,8 @@ def measure(ns, *, B: int = 1, H: int = 8, D: int = 64, dtype=torch.float32, dev
             if device.type == "cuda":
                 torch.cuda.empty_cache()
             calls = implementations(q, k, v, is_causal=is_causal, block_size=block_size, explicit=False)
-            rows = bench.compare(calls, reference=SDPA, flops=flops, device=device, budget_s=budget_s)
+            rows = bench.compare(calls, reference=SDPA, flops=flops, device=device, budget_s=budget_s,
+                                 compute_dtypes=_upcast_compute_dtypes(calls, dtype))
         for row in rows:
             peak = peak_memory(calls[row.name], device) / 2**20 if memory else None
             records.append(dict(n=n, impl=row.name, ms=row.ms, min_ms=1e3 * row.min_seconds,

@@ -368,6 +368,17 @@ def test_benchmark_measure_rows_and_plot(tmp_path):
     assert list(rounds) == ["a"] and len(rounds["a"]) == 3 and all(t > 0 for t in rounds["a"])
 
 
+def test_benchmark_labels_the_float32_compute_of_half_inputs():
+    """Explicit and tiled attention upcast half inputs to float32 (efficient._tiles), SDPA does not:
+    the table labels (and rates against the peak) each row by the dtype its matmuls run in."""
+    from selfattn_lite.course import bench_efficient as be
+
+    records = be.measure([32], B=1, H=2, D=8, dtype=torch.bfloat16, budget_s=0.01, memory=False)
+    labels = {r["impl"]: (r["dtype"], r["compute_dtype"]) for r in records}
+    assert labels == {be.SDPA: ("bfloat16", "bfloat16"), be.TILED: ("bfloat16", "float32"),
+                      be.EXPLICIT: ("bfloat16", "float32")}
+
+
 @pytest.mark.parametrize("module", ["bench_efficient", "bench_backward"])
 def test_benchmark_command_lines_write_their_json_and_plot(tmp_path, module, capsys):
     import importlib
