@@ -77,7 +77,7 @@ def step_flops(B: int, H: int, n: int, D: int, *, is_causal: bool = False) -> di
     attention's backward is four more (dV, dP, dQ, dK): 3x the forward, and it computes every score
     whether or not a causal mask hides it (the full count). The tiled and fused kernels recompute S
     in the backward, five products: 3.5x the forward, and they skip the tiles a causal mask hides
-    (half the count).
+    (counted as half, the usual convention; skipping only whole tiles, they compute somewhat more).
     """
     full = bench.attention_flops(B, H, n, n, D)
     skipping = bench.attention_flops(B, H, n, n, D, is_causal=is_causal)
