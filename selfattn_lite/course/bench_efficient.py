@@ -3,7 +3,8 @@
     python -m selfattn_lite.course.bench_efficient --out figures/bench_efficient_cpu.json
 
 writes a JSON of every measurement and, next to it, a plot (same name, .png). On CUDA
-(bf16, or fp16 before compute capability 8.0; n up to 16k) or on CPU (float32, n up to 4k), whichever is present, or ``--device``.
+(bf16, or fp16 before compute capability 8.0; n up to 16k) or on CPU (float32, n up to 4k), whichever is
+present, or ``--device``.
 
 Each size is one ``bench.compare`` run: the three implementations are checked against torch
 SDPA with ``assert_close`` first, then timed one after the other, so their ratios come from

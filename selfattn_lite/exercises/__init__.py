@@ -9,11 +9,12 @@ A function that still raises ``NotImplementedError`` is reported as not attempte
 
 from __future__ import annotations
 
+import types
 from collections.abc import Callable
 
 import torch
 
-__all__ = ["ExerciseError", "NotAttempted", "attempt", "passed", "close", "not_attempted", "graded"]
+__all__ = ["ExerciseError", "NotAttempted", "attempt", "passed", "close", "not_attempted", "graded", "names_used"]
 
 _GRADING = False   # True while ``graded`` runs a checker: a stub then fails instead of printing
 
@@ -79,3 +80,18 @@ def require_tensor(name: str, x, shape: tuple | None = None) -> torch.Tensor:
     if shape is not None and tuple(x.shape) != tuple(shape):
         raise ExerciseError(f"{name} should have shape {tuple(shape)}, got {tuple(x.shape)}")
     return x
+
+
+def names_used(fn) -> set[str]:
+    """The global and attribute names a function's code (and any function defined in it) refers to; for a class,
+    every method defined in its body. Checkers use it to refuse an answer that calls the package's own."""
+    if isinstance(fn, type):
+        todo = [f.__code__ for f in vars(fn).values() if isinstance(f, types.FunctionType)]
+    else:
+        todo = [fn.__code__] if hasattr(fn, "__code__") else []
+    names = set()
+    while todo:
+        code = todo.pop()
+        names |= set(code.co_names)
+        todo += [c for c in code.co_consts if isinstance(c, types.CodeType)]
+    return names

@@ -114,7 +114,8 @@ def check_query_gradient(grad_q) -> None:
     w = w.detach()
     g = w * (VALUES[:, 1] - w @ VALUES[:, 1])                          # (3,) gradient on the scaled scores
     if close(grad_q, -expected, atol=5e-3):
-        raise ExerciseError("the sign is flipped: g_j = w_j (v_j2 - out_2), and d out_2 / d q = sum_j g_j k_j / sqrt(2)")
+        raise ExerciseError("the sign is flipped: g_j = w_j (v_j2 - out_2), and "
+                            "d out_2 / d q = sum_j g_j k_j / sqrt(2)")
     if close(grad_q, g @ KEYS, atol=5e-3):
         raise ExerciseError("you forgot the 1/sqrt(2): s_j = q.k_j / sqrt(2), so d s_j / d q = k_j / sqrt(2)")
     if close(grad_q, g @ KEYS * math.sqrt(2), atol=5e-3):

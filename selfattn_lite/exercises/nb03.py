@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import types
-
 import torch
 
 from .. import masks
-from . import ExerciseError, NotAttempted, attempt, close, not_attempted, passed, require_tensor
+from . import ExerciseError, NotAttempted, attempt, close, names_used, not_attempted, passed, require_tensor
 
 __all__ = ["check_left_padded_mask", "check_mask_from_positions", "check_safe_softmax"]
 
@@ -20,16 +18,6 @@ def _require_bool(name: str, mask, shape) -> torch.Tensor:
         raise ExerciseError(f"{name} should have shape {tuple(shape)}, got {tuple(mask.shape)}")
     return mask
 
-
-def _names_used(fn) -> set[str]:
-    """Every global or attribute name the function's code (and the code nested in it) refers to."""
-    todo = [fn.__code__] if hasattr(fn, "__code__") else []
-    names = set()
-    while todo:
-        code = todo.pop()
-        names |= set(code.co_names)
-        todo += [c for c in code.co_consts if isinstance(c, types.CodeType)]
-    return names
 
 
 # --------------------------------------------------------------------------------------
@@ -188,7 +176,7 @@ def check_safe_softmax(fn) -> None:
     Graded forwards (rows with a visible key match torch.softmax, fully masked rows are exactly 0)
     and backwards (the gradient reaching the scores is finite and matches the reference's).
     """
-    used = sorted(_names_used(fn) & {"safe_softmax", "_safe_softmax", "scaled_dot_product_attention"})
+    used = sorted(names_used(fn) & {"safe_softmax", "_safe_softmax", "scaled_dot_product_attention"})
     if used:
         raise ExerciseError(f"your function calls {', '.join(used)}: the exercise is to write the guard yourself, "
                             "from torch.softmax and masking")

@@ -89,9 +89,11 @@ def check_head_contributions(fn) -> None:
             total = close(got.sum(1) + bias, mha(x)[0])
             raise ExerciseError("the heads' contributions do not match" + (
                 " (their sum + bias is mha(x), but the split between heads is wrong: head i is the softmax of "
-                "q_i k_i^T / sqrt(dk) times v_i, then times its own d/h rows of W_O, the columns out_proj.weight[:, i*dk:(i+1)*dk])" if total else
+                "q_i k_i^T / sqrt(dk) times v_i, then times its own d/h rows of W_O, the columns "
+                "out_proj.weight[:, i*dk:(i+1)*dk])" if total else
                 ": head i = softmax(q_i k_i^T / sqrt(dk)) v_i, with q, k, v from mha.q_proj, k_proj, v_proj"))
-    return passed("Concat(head_1..head_h) W_O = sum of head_i times its d/h rows of W_O (columns of out_proj.weight), + the bias once")
+    return passed("Concat(head_1..head_h) W_O = sum of head_i times its d/h rows of W_O (columns of "
+                  "out_proj.weight), + the bias once")
 
 
 def check_ablate_head(fn) -> None:

@@ -3,8 +3,6 @@ q/k projection rows back from half-split to interleaved pairing, and RoPE in the
 
 from __future__ import annotations
 
-import types
-
 import torch
 import torch.nn.functional as F
 
@@ -16,29 +14,16 @@ from ..positions import (
     permute_qk_rows,
     sinusoidal_encoding,
 )
-from . import ExerciseError, NotAttempted, attempt, close, not_attempted, passed, require_tensor
+from . import ExerciseError, NotAttempted, attempt, close, names_used, not_attempted, passed, require_tensor
 
 __all__ = ["check_offset_map", "check_rope_interleaved", "check_alibi_slopes", "check_to_interleaved",
            "check_previous_token_rope", "V_SIZE", "D_MODEL", "TRAIN_LEN", "TEST_LEN"]
 
 
-def _names_used(fn) -> set[str]:
-    """The global and attribute names a function's code (and any function defined in it) refers to."""
-    if isinstance(fn, type):                     # a class: every method defined in its body
-        todo = [f.__code__ for f in vars(fn).values() if isinstance(f, types.FunctionType)]
-    else:
-        todo = [fn.__code__] if hasattr(fn, "__code__") else []
-    names = set()
-    while todo:
-        c = todo.pop()
-        names |= set(c.co_names)
-        todo += [k for k in c.co_consts if isinstance(k, types.CodeType)]
-    return names
-
 
 def _refuse_package(fn, forbidden: tuple[str, ...], what: str) -> None:
     """Raise ExerciseError when the learner's function calls one of the package's answers to the exercise."""
-    used = sorted(_names_used(fn) & set(forbidden))
+    used = sorted(names_used(fn) & set(forbidden))
     if used:
         raise ExerciseError(f"your function calls the package's {', '.join(used)}: the exercise is to write "
                             f"{what} yourself, from torch operations")

@@ -52,10 +52,12 @@ def check_paged_decode(fn) -> None:
                      _through_table(v_pool, list(range(len(table))), n)),
              "the request's blocks are not the first blocks of the pool: table[j] is the pool index of its "
              "j-th block, k_pool[table]"),
-            (_attend(q, _through_table(k_pool, table, len(table) * block), _through_table(v_pool, table, len(table) * block)),
+            (_attend(q, _through_table(k_pool, table, len(table) * block),
+                     _through_table(v_pool, table, len(table) * block)),
              "the last block is only partly filled: after joining the blocks keep the first n tokens ([:, :n]); "
              "the empty slots hold whatever was there before"),
-            (_attend(q, _through_table(k_pool, table, n, heads_first=False), _through_table(v_pool, table, n, heads_first=False)),
+            (_attend(q, _through_table(k_pool, table, n, heads_first=False),
+                     _through_table(v_pool, table, n, heads_first=False)),
              "k_pool[table] is (blocks, h, block_size, d_k): move the heads first (transpose(0, 1)) before "
              "merging blocks and slots into one token axis, or each head reads another head's keys"),
             (_attend(q, k, v, scale=False), "divide the scores by sqrt(d_k)"),

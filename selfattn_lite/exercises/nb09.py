@@ -232,7 +232,8 @@ def _causal_candidates():
         scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
         return torch.softmax(scores.masked_fill(~causal_mask(T, T), float("-inf")), dim=-2) @ v
 
-    return [("SDPA with is_causal=True", sdpa_causal, False), ("a hand-written causal attention", by_hand_causal, False),
+    return [("SDPA with is_causal=True", sdpa_causal, False),
+            ("a hand-written causal attention", by_hand_causal, False),
             ("no mask", no_mask, True), ("one_ahead", one_ahead, True), ("queries", softmax_over_queries, True)]
 
 

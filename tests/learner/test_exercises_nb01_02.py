@@ -244,7 +244,6 @@ test_right_and_not_attempted = right_and_not_attempted_test(RIGHT, stub)
 def test_notebook_02_example_is_the_checkers_keys_and_values():
     """The tensors notebook 02 types in its first cell are the checker's KEYS and VALUES."""
     import nbformat
-
     from helpers import ROOT
     nb = nbformat.read(ROOT / "notebooks" / "02_worked_numeric_example.ipynb", as_version=4)
     cell = next(c for c in nb.cells if c.get("id") == "ea916d59")
