@@ -30,13 +30,14 @@ __all__ = ["dot_precision", "update_tolerance", "check_window_update", "check_wi
 BLOCK_M, BLOCK_N, D = 16, 16, 16
 N_KEYS, Q0, WINDOW = 64, 24, 20   # queries 24..39 see keys 5..24 up to 20..39: rows 36..39 see none of block 0
 FP32_ATOL = 1e-4              # float32 products: the exp() and the sums of 20 keys stay far below this
-TF32_UNIT = 2.0 ** -11        # TF32 keeps 10 of float32's 23 mantissa bits: rounding a factor errs by <= 2^-11
+TF32_UNIT = 2.0 ** -10        # TF32 keeps 10 of float32's 23 mantissa bits; Triton's default "tf32" hands mma the
+                              # float32 bits (the low 13 dropped, not rounded): a factor errs by < 2^-10
 LOG2_E = math.log2(math.e)
 
 
 def dot_precision() -> str:
     """The precision of a float32 ``tl.dot`` (default ``input_precision``) where the checker runs it: "tf32" on a
-    CUDA GPU of compute capability 8.0 or more (tensor cores, each factor rounded to 10 mantissa bits), "ieee"
+    CUDA GPU of compute capability 8.0 or more (tensor cores, each factor cut to 10 mantissa bits), "ieee"
     (float32 products) under the interpreter and below sm_80, where Triton has no TF32."""
     if ta.interpreting() or not torch.cuda.is_available():
         return "ieee"
@@ -45,8 +46,9 @@ def dot_precision() -> str:
 
 def update_tolerance(s: torch.Tensor, v: torch.Tensor, precision: str) -> torch.Tensor:
     """Elementwise bound (BLOCK_M, D) on |acc / l - softmax(s) @ v| for a right update whose ``tl.dot(p, v)`` runs
-    in ``precision``: ``FP32_ATOL``, and with "tf32" the rounding of both factors of every product p_j v_j,
-    |p_j v_j - tf32(p_j) tf32(v_j)| <= (2u + u^2) p_j |v_j| with u = 2^-11, summed and divided by l:
+    in ``precision``: ``FP32_ATOL``, and with "tf32" the cut of both factors of every product p_j v_j to 10
+    mantissa bits, |p_j v_j - tf32(p_j) tf32(v_j)| <= (2u + u^2) p_j |v_j| with u = 2^-10 (truncation, the
+    default of Triton's "tf32"; rounding to nearest would halve u), summed and divided by l:
     (2u + u^2) * (softmax(s) @ |v|). s in natural units, -inf where masked."""
     bound = torch.full((s.shape[0], v.shape[1]), FP32_ATOL, dtype=torch.float64)
     if precision == "tf32":
@@ -254,16 +256,20 @@ def check_window_bounds(fn) -> None:
     Key blocks [start, unmasked_start) run with the mask (the window's left edge), [unmasked_start,
     unmasked_end) without, [unmasked_end, end) with it (the diagonal, the tail of S); nothing before start or
     from end on is loaded. start, unmasked_start and unmasked_end are multiples of block_n and
-    start <= unmasked_start <= unmasked_end <= end. Judged for every query block (q0 < S) of ``BOUNDS_CASES``
-    against a count of the visible pairs of each tile (``tile_counts``): every tile with one is loaded, none
-    without one, the unmasked range holds exactly the tiles whose block_m * block_n pairs are all visible.
+    start <= unmasked_start <= unmasked_end <= end. Judged for every query block q0 = 0, block_m, ... < L of
+    ``BOUNDS_CASES`` whose queries see a key (with L > S that includes blocks at q0 >= S, where the unmasked stage
+    must stop at the last whole key block inside S) against a count of the visible pairs of each tile
+    (``tile_counts``): every tile with one is loaded, none without one, the unmasked range holds exactly the tiles
+    whose block_m * block_n pairs are all visible.
     """
     try:
         attempt(fn, 0, 32, 16, 128, 40)
     except NotAttempted:
         return not_attempted("window_bounds")
     for L, S, bm, bn, w in BOUNDS_CASES:
-        for q0 in range(0, min(L, S), bm):
+        for q0 in range(0, L, bm):
+            if max(0, q0 - w + 1) >= S:      # every query of the block has its whole window past the last key
+                continue
             got = attempt(fn, q0, bm, bn, S, w)
             where = f"(q0={q0}, block_m={bm}, block_n={bn}, S={S}, window={w})"
             if not isinstance(got, tuple) or len(got) != 4:
@@ -272,6 +278,10 @@ def check_window_bounds(fn) -> None:
             if any(x % bn for x in (start, lo, hi)):
                 raise ExerciseError(f"{(start, lo, hi)} at {where}: start, unmasked_start and unmasked_end must be "
                                     "multiples of block_n (the loops step through whole key blocks)")
+            if start <= lo <= hi and hi > end:
+                raise ExerciseError(f"unmasked_end = {hi} at {where} runs past end = {end}: the unmasked stage loads "
+                                    f"whole key blocks without the mask, so it stops at the last whole block inside "
+                                    f"S: unmasked_end <= floor(S / block_n) * block_n = {S // bn * bn}")
             if not start <= lo <= hi <= end:
                 raise ExerciseError(f"{(start, lo, hi, end)} at {where}: the three stages must follow each other, "
                                     "start <= unmasked_start <= unmasked_end <= end")
@@ -298,7 +308,9 @@ def check_window_bounds(fn) -> None:
             full = [k0 for k0, c in counts if c == bm * bn]
             for k0 in range(lo, hi, bn):
                 if k0 not in full:
-                    if k0 + bn > q0 + 1:                    # (with q0 < S, a block ending by q0 + 1 is inside S)
+                    if k0 + bn > S:
+                        why = f"it runs past the last key {S - 1}: unmasked_end <= floor(S / block_n) * block_n"
+                    elif k0 + bn > q0 + 1:
                         why = f"it holds keys after query {q0}: unmasked_end = floor((q0 + 1) / block_n) * block_n"
                     else:
                         why = (f"query {q0 + bm - 1}'s window starts at {q0 + bm - w}, after key {k0}: "

@@ -196,3 +196,41 @@ def test_tma_instruction_and_precision(on_gpu, name):
     assert not ta.tma_for(limits, torch.float32, 64)
     assert ta.matmul_instruction(limits) == {75: "fma", 80: "mma.sync", 89: "mma.sync", 90: "wgmma"}[cc]
     assert ta.precision_for(limits, torch.float32) == ("tf32" if cc >= 80 else "ieee")
+
+
+# --------------------------------------------------------------------------- notebook 15's dQ-method cell
+def nb15_cell(cell_id: str) -> str:
+    path = next((RECORDS.parents[1] / "notebooks").glob("15_*.ipynb"))
+    return "".join(next(c for c in json.loads(path.read_text())["cells"] if c.get("id") == cell_id)["source"])
+
+
+class CompiledView:
+    """``triton_attention`` as the notebook's cell sees it on a GPU: not interpreting; the kernels themselves still
+    run under the interpreter on this CPU."""
+
+    def __getattr__(self, name):
+        return (lambda: False) if name == "interpreting" else getattr(ta, name)
+
+
+@pytest.mark.skipif(not ta.available(), reason="needs Triton")
+@pytest.mark.parametrize("name, runs", [("Tesla T4", ("recompute",)), ("NVIDIA H200", ("recompute",)),
+                                        ("NVIDIA A100-SXM4-80GB", ("recompute", "atomic"))])
+def test_notebook_15s_dq_method_cell_runs_what_fits(on_gpu, monkeypatch, capsys, name, runs):
+    """Cell 23 of notebook 15 (float32, D = 24) on a faked T4 and H200, where no atomic dK/dV configuration fits in
+    float32 (the explicit ``dq_method="atomic"`` raised there), and on an A100, where both fit: it asks
+    ``dq_methods_for``, runs only those methods and names the one it skips."""
+    limits = on_gpu(name)
+    assert ta.dq_methods_for(limits, torch.float32, 24) == runs
+    called = []
+    backward = ta.backward
+    monkeypatch.setattr(ta, "backward", lambda *a, dq_method, **kw: called.append(dq_method) or
+                        backward(*a, dq_method=dq_method, **kw))
+    namespace = dict(HAVE_TRITON=True, torch=torch, ta=CompiledView(), DEVICE=torch.device("cpu"),
+                     gen=torch.Generator().manual_seed(0), tol={})
+    exec(compile(nb15_cell("8219df0b"), "nb15 cell 23", "exec"), namespace)
+    out = capsys.readouterr().out
+    assert sorted(set(called)) == sorted(runs)
+    skipped = [m for m in ta.DQ_METHODS if m not in runs]
+    assert out.strip().endswith(f"skipped (no configuration fits this GPU in torch.float32 at D = 24): "
+                                f"{', '.join(skipped) or 'none'}")
+    assert ("'atomic' (5 matmuls a tile pair) == 'recompute'" in out) == (len(runs) == 2)
