@@ -128,6 +128,7 @@ def to_source(nb: nbformat.NotebookNode, stem: str) -> nbformat.NotebookNode:
             n += 1
             cell.source = answer_source(pending.source, cell.source)
             cell.metadata["tags"] = [t for t in tags if t != "solution"] + ["exercise"]
+            cell.metadata.pop("jupyter", None)      # the course folds its solutions; the student writes here, unfolded
             cell.metadata["nbgrader"] = _meta(f"answer_{n}", solution=True, grade=False, locked=False)
             cell["id"] = f"answer-{n}"
             pending = None

@@ -57,6 +57,7 @@ def test_source_notebook_has_one_graded_cell_per_exercise(path):
     tests = [c for c in source.cells if c.metadata.get("nbgrader", {}).get("grade")]
     assert len(answers) == len(tests) == len(stubs) > 0
     for stub, answer in zip(stubs, answers):
+        assert not answer.metadata.get("jupyter", {}).get("source_hidden"), "the student's answer cell is folded"
         released = _clear(answer.source)
         assert released == stub or (released.startswith(stub) and "raise NotImplementedError" not in stub)
     for test in tests:
