@@ -92,7 +92,9 @@ def lab(tmp_path):
 
 # The execution prompts ("[ ]:", "[*]:", "[3]:") of the notebook's code cells.
 _STDERR = ".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']"   # errors, warnings
-_PROMPTS_JS = "Array.from(document.querySelectorAll('.jp-CodeCell .jp-InputPrompt')).map(p => p.textContent)"
+# A folded solution cell (source_hidden) shows JupyterLab's placeholder, whose own empty prompt never gets a number.
+_PROMPTS_JS = ("Array.from(document.querySelectorAll('.jp-CodeCell .jp-InputPrompt:not(.jp-Placeholder-prompt)'))"
+               ".map(p => p.textContent)")
 
 
 def _menu(page, menu: str, item: str) -> None:
