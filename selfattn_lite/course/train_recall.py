@@ -18,19 +18,22 @@ accuracies; the safetensors file holds the weights (float32).
 * models: Gated DeltaNet's gate (``gate="gdn"``) and the short convolution inside the mixer, width 4
   (``conv="mixer"``), for the mixers of ``V2_MIXERS`` (``hybrid_1in4`` among them);
 * training: ``V2_STEPS`` = 3000 steps (three times the first protocol's), batch 32, AdamW, warmup then
-  cosine decay, at every learning rate of ``V2_LRS`` (1e-3, 3e-3, 1e-2: a decade) with seed 0;
+  cosine decay, at every learning rate of ``V2_LRS`` (1e-3, 3e-3, 1e-2: a decade) with seed 0, and at
+  ``V2_LR_TOP`` = 3e-2 (Zoology's largest) for the mixers whose best of the three is 1e-2;
 * selection (``select_lr``): for each mixer, the learning rate whose seed-0 run has the highest mean
   accuracy over the pair counts on the validation rows (512 rows per pair count from seed ``VAL_SEED``,
   never the evaluation rows of seed ``EVAL_SEED``); a tie goes to the smaller rate;
 * then seeds 1 and 2 at the chosen rate. Accuracies are reported on the evaluation rows.
 
 Runs already saved are skipped, so the sweep can be stopped and restarted; the seed-0 runs of every mixer
-come first (first at 3e-3, then 1e-2, then 1e-3), the other seeds once a mixer's three seed-0 runs exist.
+come first (first at 3e-3, then 1e-2, then 1e-3, then 3e-2 where it is tried), the other seeds once a mixer's
+seed-0 runs all exist.
 
 ``--budget`` checks the training budget: every mixer's seed-0 run at its chosen rate again, with twice the
 steps (``BUDGET_STEPS``; the same recipe, so the cosine decay spans the longer run), into
 ``data/recall_v2/budget/``; then, the same way, every seed stuck on the plateau at the chosen rate of a mixer where
-another seed left it (``stuck_seeds``). Had the 3,000-step runs stopped improving, the longer run scores the same.
+another seed left it (``stuck_seeds``); then the remaining seeds, so that every mixer's three seeds are trained at
+both budgets. Had the 3,000-step runs stopped improving, the longer runs score the same.
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ LR = 3e-3
 # the swept protocol (``--sweep``), stored in RECALL_V2_DIR
 V2_MIXERS = ("attention", "window", "linear", "delta", "gated_delta", "s6", "hybrid", "hybrid_1in4")
 V2_LRS = (3e-3, 1e-2, 1e-3)      # training order; the selection compares all three
+V2_LR_TOP = 3e-2                 # Zoology's largest rate (logspace(-3, -1.5, 4)): tried where 1e-2 wins
 V2_STEPS = 3000
 V2_VOCAB = 128
 V2_STYLE = "zoology"
@@ -69,6 +73,7 @@ VAL_SEED = 54321
 VAL_ROWS = 512
 BUDGET_STEPS = 2 * V2_STEPS
 BUDGET_ORDER = ("attention", "gated_delta", "s6", "hybrid", "hybrid_1in4", "delta", "linear", "window")
+BUDGET_REST_ORDER = ("gated_delta", "linear", "delta", "attention", "hybrid_1in4", "hybrid", "window", "s6")
 
 
 def run_name(config: RecallConfig, seed: int) -> str:
@@ -118,15 +123,28 @@ def mean_accuracy(accuracy: dict) -> float:
     return sum(accuracy.values()) / len(accuracy)
 
 
-def select_lr(records: list[dict], mixer: str, lrs=V2_LRS) -> float | None:
-    """The selection rule: the learning rate of ``lrs`` whose seed-0 run of ``mixer`` has the highest mean
-    validation accuracy (``record["val"]["accuracy"]``); a tie goes to the smaller rate. None until every
-    rate's seed-0 run is among ``records``."""
+def _best_lr(records: list[dict], mixer: str, lrs) -> float | None:
     seed0 = {r["recipe"]["lr"]: r for r in records
              if r["config"]["mixer"] == mixer and r["seed"] == 0 and r["recipe"]["lr"] in lrs}
     if len(seed0) < len(lrs):
         return None
     return max(sorted(lrs), key=lambda lr: (mean_accuracy(seed0[lr]["val"]["accuracy"]), -lr))
+
+
+def mixer_lrs(records: list[dict], mixer: str) -> tuple[float, ...]:
+    """The rates swept for ``mixer``: ``V2_LRS``, and ``V2_LR_TOP`` as well where the best of those is the
+    largest (a choice at the edge of the sweep says nothing about the rates beyond it)."""
+    if _best_lr(records, mixer, V2_LRS) == max(V2_LRS):
+        return V2_LRS + (V2_LR_TOP,)
+    return V2_LRS
+
+
+def select_lr(records: list[dict], mixer: str, lrs=None) -> float | None:
+    """The selection rule: the learning rate of ``lrs`` (default ``mixer_lrs``: the sweep, extended to
+    ``V2_LR_TOP`` where its largest rate wins) whose seed-0 run of ``mixer`` has the highest mean validation
+    accuracy (``record["val"]["accuracy"]``); a tie goes to the smaller rate. None until every rate's seed-0
+    run is among ``records``."""
+    return _best_lr(records, mixer, mixer_lrs(records, mixer) if lrs is None else lrs)
 
 
 def sweep_plan(out: Path) -> list[tuple[str, float, int]]:
@@ -135,6 +153,8 @@ def sweep_plan(out: Path) -> list[tuple[str, float, int]]:
     done = {p.stem for p in out.glob("*.json")}
     plan = [(m, lr, 0) for lr in V2_LRS for m in V2_MIXERS if v2_run_name(m, lr, 0) not in done]
     records = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(out.glob("*.json"))]
+    plan += [(m, V2_LR_TOP, 0) for m in V2_MIXERS
+             if V2_LR_TOP in mixer_lrs(records, m) and v2_run_name(m, V2_LR_TOP, 0) not in done]
     for m in V2_MIXERS:
         lr = select_lr(records, m)
         if lr is not None:
@@ -227,7 +247,8 @@ def train(config: RecallConfig, seed: int, *, steps: int, batch: int, lr: float,
         record["val"] = {"seed": VAL_SEED, "rows": VAL_ROWS, "pairs": list(EVAL_PAIRS), "sha256": val_sha,
                          "accuracy": val_accuracy}
         record["selection"] = ("per mixer, the learning rate whose seed-0 run has the highest mean validation "
-                               "accuracy over the pair counts; a tie goes to the smaller rate")
+                               "accuracy over the pair counts (1e-3, 3e-3, 1e-2, and 3e-2 where 1e-2 "
+                               "wins); a tie goes to the smaller rate")
         record["command"] = "OMP_NUM_THREADS=1 python -m selfattn_lite.course.train_recall --sweep"
         record["losses_by_pairs"] = by_pairs
     return model.eval(), record
@@ -274,12 +295,15 @@ def stuck_seeds(records: list[dict], mixer: str, lr: float) -> list[int]:
 
 def budget_plan(sweep_dir: Path, out: Path) -> list[tuple[str, float, int]]:
     """The (mixer, chosen rate, seed) runs of the budget check still missing in ``out``: every mixer's seed 0,
-    then the stuck seeds (``stuck_seeds``) of the mixers where another seed learned."""
+    then the stuck seeds (``stuck_seeds``) of the mixers where another seed learned, then every other seed (so
+    each mixer's three seeds are compared at both budgets)."""
     records = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(sweep_dir.glob("*.json"))]
     done = {p.stem for p in out.glob("*.json")}
     chosen = {m: select_lr(records, m) for m in BUDGET_ORDER}
     runs = [(m, lr, 0) for m, lr in chosen.items() if lr is not None]
     runs += [(m, lr, s) for m, lr in chosen.items() if lr is not None for s in stuck_seeds(records, m, lr) if s != 0]
+    runs += [(m, chosen[m], s) for m in BUDGET_REST_ORDER if chosen[m] is not None for s in SEEDS[1:]
+             if (m, chosen[m], s) not in runs]
     return [(m, lr, s) for m, lr, s in runs if budget_run_name(m, lr, s) not in done]
 
 
