@@ -32,13 +32,16 @@ from pathlib import Path
 
 import nbformat
 
-__all__ = ["POINTS", "CONFIG", "answer_source", "to_source", "build_source", "generate", "solution_source"]
+__all__ = ["POINTS", "CONFIG", "answer_source", "to_source", "build_source", "generate", "solution_source",
+           "unguarded"]
 
 POINTS = 1                       # per checker call: each exercise is worth the same
 CODE_STUB = "raise NotImplementedError"
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 CHECK_CALL = re.compile(r"^\s*check\.(check_\w+)\((.*)\)\s*$", re.S)
 RAISE_LINE = re.compile(r"^(\s*)raise NotImplementedError(\(\))?\s*$")
+GUARD_DEF = re.compile(r"^@check\.solution\b.*$")             # the course's guard on a folded solution's def
+GUARD_IF = re.compile(r"^if check\.unanswered\(.*\):.*$")       # ... and on a value exercise's solution
 
 CONFIG = f'''# nbgrader configuration of the selfattn-course assignments (written by selfattn_lite.course.assignments).
 c = get_config()  # noqa: F821
@@ -88,6 +91,15 @@ def answer_source(stub: str, solution: str) -> str:
     return "\n".join(before + [indent + BEGIN] + body + l_lines + [END] + after)
 
 
+def unguarded(solution: str) -> str:
+    """A folded solution without the course's guard (``@check.solution`` lines; an ``if check.unanswered(...):``
+    line and the indent under it): in an nbgrader answer cell the solution region is the answer itself."""
+    lines = [line for line in solution.split("\n") if not GUARD_DEF.match(line)]
+    if lines and GUARD_IF.match(lines[0]):
+        lines = [line[4:] if line.startswith("    ") else line for line in lines[1:]]
+    return "\n".join(lines)
+
+
 def solution_source(source: str) -> str:
     """The code a source cell runs: the solution delimiters (comments) dropped."""
     return "\n".join(line for line in source.split("\n") if BEGIN not in line and END not in line)
@@ -126,7 +138,7 @@ def to_source(nb: nbformat.NotebookNode, stem: str) -> nbformat.NotebookNode:
             if pending is None:
                 raise ValueError(f"{stem}: a solution cell without an exercise cell before it:\n{cell.source[:200]}")
             n += 1
-            cell.source = answer_source(pending.source, cell.source)
+            cell.source = answer_source(pending.source, unguarded(cell.source))
             cell.metadata["tags"] = [t for t in tags if t != "solution"] + ["exercise"]
             cell.metadata.pop("jupyter", None)      # the course folds its solutions; the student writes here, unfolded
             cell.metadata["nbgrader"] = _meta(f"answer_{n}", solution=True, grade=False, locked=False)

@@ -9,12 +9,14 @@ A function that still raises ``NotImplementedError`` is reported as not attempte
 
 from __future__ import annotations
 
+import sys
 import types
 from collections.abc import Callable
 
 import torch
 
-__all__ = ["ExerciseError", "NotAttempted", "attempt", "passed", "close", "not_attempted", "graded", "names_used"]
+__all__ = ["ExerciseError", "NotAttempted", "attempt", "passed", "close", "not_attempted", "graded", "names_used",
+           "is_stub", "solution", "unanswered"]
 
 _GRADING = False   # True while ``graded`` runs a checker: a stub then fails instead of printing
 
@@ -59,6 +61,42 @@ def graded(check: Callable, *args, **kwargs) -> None:
         check(*args, **kwargs)
     finally:
         _GRADING = previous
+
+
+def _stub(*args, **kwargs):
+    raise NotImplementedError
+
+
+def is_stub(fn) -> bool:
+    """True for a function whose body is only ``raise NotImplementedError`` (an exercise's stub)."""
+    code = getattr(fn, "__code__", None)
+    return code is not None and code.co_code == _stub.__code__.co_code and code.co_names == _stub.__code__.co_names
+
+
+def solution(fn: Callable) -> Callable:
+    """Decorator of a notebook's folded solution: it defines ``fn`` only while the learner's function of that
+    name is still the stub (or absent), so "Run All" checks the learner's answer, not the course's.
+
+        @check.solution   # keeps your answer above if you wrote one
+        def softmax_rows(x): ...
+    """
+    current = sys._getframe(1).f_globals.get(fn.__name__)
+    if current is None or is_stub(current):
+        return fn
+    print(f"Your `{fn.__name__}` above is kept: this cell's solution was not run (unfold the cell to read it).")
+    return current
+
+
+def unanswered(*answers) -> bool:
+    """True while every answer is still ``None`` (a value exercise's stub): the guard of its folded solution.
+
+        if check.unanswered(grad_q):   # keeps your answer above if you wrote one
+            grad_q = ...
+    """
+    if all(answer is None for answer in answers):
+        return True
+    print("Your answer above is kept: this cell's solution was not run (unfold the cell to read it).")
+    return False
 
 
 def passed(message: str) -> None:

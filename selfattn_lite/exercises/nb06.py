@@ -8,6 +8,8 @@ import math
 import torch
 
 from . import ExerciseError, NotAttempted, attempt, close, not_attempted, passed, require_tensor
+from . import solution as solution  # the notebooks' guard on their folded solutions
+from . import unanswered as unanswered
 
 __all__ = ["check_paged_decode", "check_quantize_int8", "check_cached_attention", "check_generate"]
 

@@ -11,6 +11,8 @@ from torch.utils.flop_counter import FlopCounterMode
 from .. import flex
 from ..mla import MultiHeadLatentAttention, mla_decode_flops, mla_weight_values
 from . import ExerciseError, NotAttempted, attempt, close, not_attempted, passed, require_tensor
+from . import solution as solution  # the notebooks' guard on their folded solutions
+from . import unanswered as unanswered
 
 __all__ = ["check_crossover_batch", "check_absorbed_decode", "check_cache_positions", "check_doc_window_mod",
            "check_prefix_lm_mask_mod", "check_softcap_score_mod"]

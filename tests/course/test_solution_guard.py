@@ -1,0 +1,81 @@
+"""The folded solutions keep the learner's answer: under "Run All" a solution cell defines its function (or
+values) only while the learner's is still the stub, so the checker after it checks the learner's code."""
+
+import ast
+import json
+from pathlib import Path
+
+import pytest
+
+from selfattn_lite import exercises
+from selfattn_lite.course.assignments import unguarded
+from selfattn_lite.exercises import nb01
+
+NOTEBOOKS = sorted(Path(__file__).resolve().parents[2].joinpath("notebooks").glob("[0-9][0-9]_*.ipynb"))
+
+
+def cells(path):
+    return [("".join(c["source"]), c["metadata"].get("tags", [])) for c in json.loads(path.read_text())["cells"]]
+
+
+def solutions(path):
+    """(stub source, solution source) of each exercise of a notebook."""
+    cs = cells(path)
+    return [(cs[i - 1][0], src) for i, (src, tags) in enumerate(cs) if "solution" in tags]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name[:2])
+def test_every_folded_solution_is_guarded(path):
+    for stub, solution in solutions(path):
+        stub_defs = [n.name for n in ast.parse(stub).body if isinstance(n, ast.FunctionDef)]
+        tree = ast.parse(solution)
+        if stub_defs:
+            for node in tree.body:
+                if isinstance(node, ast.FunctionDef) and node.name in stub_defs:
+                    assert node.decorator_list and ast.unparse(node.decorator_list[0]) == "check.solution", \
+                        (path.name, node.name)
+        else:
+            assert isinstance(tree.body[0], ast.If) and len(tree.body) == 1, (path.name, solution[:80])
+            assert ast.unparse(tree.body[0].test).startswith("check.unanswered("), (path.name, solution[:80])
+
+
+def run(*sources):
+    namespace = {"check": nb01}
+    for source in sources:
+        exec(source, namespace)
+    return namespace
+
+
+def test_the_solution_runs_over_a_stub_and_keeps_an_answer(capsys):
+    stub = "def f(x):\n    raise NotImplementedError"
+    solution = "@check.solution  # keeps your answer above if you wrote one\ndef f(x):\n    return 'course'"
+    assert run(stub, solution)["f"](0) == "course"
+    assert capsys.readouterr().out == ""                              # over the stub: silent
+    assert run(stub, "def f(x):\n    return 'mine'", solution)["f"](0) == "mine"
+    assert "Your `f` above is kept" in capsys.readouterr().out
+    assert run(solution)["f"](0) == "course"                          # the stub cell skipped: the solution
+
+
+def test_a_value_solution_runs_only_while_the_answers_are_none(capsys):
+    stub = "a = None\nb = None"
+    solution = "if check.unanswered(a, b):  # keeps your answers above if you wrote them\n    a, b = 1, 2"
+    assert (run(stub, solution)["a"], run(stub, solution)["b"]) == (1, 2)
+    ns = run(stub, "a, b = 5, 6", solution)
+    assert (ns["a"], ns["b"]) == (5, 6) and "kept" in capsys.readouterr().out
+
+
+def test_is_stub_tells_a_stub_from_an_answer():
+    def stub(q, k, v, *, mask=None):
+        """Doc."""
+        raise NotImplementedError
+
+    def answer(q):
+        raise ValueError("not implemented yet")
+
+    assert exercises.is_stub(stub) and not exercises.is_stub(answer) and not exercises.is_stub(len)
+
+
+def test_the_assignments_strip_the_guard():
+    assert unguarded("@check.solution  # keeps\ndef f(x):\n    return x") == "def f(x):\n    return x"
+    assert unguarded("if check.unanswered(a):  # keeps\n    b = 2\n    a = b\n") == "b = 2\na = b\n"
+    assert unguarded("def f(x):\n    return x") == "def f(x):\n    return x"
