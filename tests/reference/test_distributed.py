@@ -171,7 +171,8 @@ def test_max_sequence_length_calculator():
     # without checkpointing every layer keeps everything: far shorter
     assert D.max_sequence_length(1, 80, **kw, checkpoint=False)["single"] == int(80 * 2**30 / ((33 * layer) * 2)) // 2 * 2
     assert 7.5 * one["ring"] < eight["ring"] <= 8 * one["ring"] + 16   # ring: linear in the devices
-    assert eight["bytes_per_token"]["ring"] == per_token + 8 * 1024 * 2
+    # ring: two K/V blocks (in use, arriving) in bf16, two dK/dV accumulators in float32 (as ring_attention holds them)
+    assert eight["bytes_per_token"]["ring"] == per_token + 4 * 1024 * 2 + 4 * 1024 * 4
     sixteen = D.max_sequence_length(16, 80, **kw)
     # 16 ranks, 8 K/V heads: each K/V head replicated twice; the 32 query heads cap the degree at 32
     # Ulysses: the head-layout tensors replace the shard's; beyond A the K/V copies (2 (R - 1) d_kv) and the
@@ -185,9 +186,11 @@ def test_max_sequence_length_calculator():
         assert abs(row["ulysses"] - row["ring"]) < 0.05 * row["ring"]
         assert row["bytes_per_token"]["ulysses"] == per_token + (4096 + (4 * D.kv_replication(32, 8, n) - 2) * 1024) * 2
     assert one["ring"] == one["ulysses"] == one["single"]              # one device: nothing travels
-    mha = dict(d_model=4096, n_layers=32, n_heads=32, ffn_dim=11008)    # MHA: ring 8 d extra, Ulysses 3 d
+    mha = dict(d_model=4096, n_layers=32, n_heads=32, ffn_dim=11008)    # MHA: ring 4 d (bf16) + 4 d (fp32), Ulysses 3 d
     mha8 = D.max_sequence_length(8, 80, **mha)
-    assert mha8["bytes_per_token"]["ring"] - mha8["bytes_per_token"]["ulysses"] == 5 * 4096 * 2
+    assert mha8["bytes_per_token"]["ring"] - mha8["bytes_per_token"]["ulysses"] == (4 * 2 + 4 * 4 - 3 * 2) * 4096
+    fp32 = D.max_sequence_length(8, 80, **mha, bytes_per_value=4)      # float32 model: the accumulators are 4 bytes too
+    assert fp32["bytes_per_token"]["ring"] - fp32["bytes_per_token"]["single"] == 8 * 4096 * 4
     with pytest.raises(ValueError, match="nothing left"):
         D.max_sequence_length(2, 8, reserved_gib=9, **kw)
 
@@ -468,15 +471,16 @@ def test_max_sequence_length_counts_the_lm_head():
     kw = dict(d_model=4096, n_layers=32, n_heads=32, n_kv_heads=8, ffn_dim=14336)      # Llama-3-8B's shapes
     layer = D.activation_values_per_token(d_model=4096, n_heads=32, n_kv_heads=8, ffn_dim=14336)
     without = D.max_sequence_length(8, 80, **kw)
-    big = D.max_sequence_length(8, 80, **kw, vocab_size=128_256)   # logits + gradient, 2 V, beat 2 A + 8 d_kv
-    assert big["bytes_per_token"]["single"] == (32 * 4096 + 2 * 128_256) * 2 > without["bytes_per_token"]["single"]
-    assert big["bytes_per_token"]["ring"] == big["bytes_per_token"]["ulysses"] == (32 * 4096 + 2 * 128_256) * 2
+    big = D.max_sequence_length(8, 80, **kw, vocab_size=128_256)   # logits, log-probs, two gradients: 4 V, beat 2 A
+    head = 32 * 4096 * 2 + 4 * 128_256 * 2
+    assert big["bytes_per_token"]["single"] == head > without["bytes_per_token"]["ring"]
+    assert big["bytes_per_token"]["ring"] == big["bytes_per_token"]["ulysses"] == head
     assert big["ring"] < without["ring"]
     small = D.max_sequence_length(8, 80, **kw, vocab_size=1000)    # a small vocabulary: the layer's peak binds
     assert small == without
-    assert 2 * 1000 < 2 * layer
+    assert 4 * 1000 < 2 * layer
     off = D.max_sequence_length(1, 80, **kw, checkpoint=False, vocab_size=128_256)   # the forward kept 32 A
-    assert off["bytes_per_token"]["single"] == max(33 * layer, 32 * layer + 2 * 128_256) * 2
+    assert off["bytes_per_token"]["single"] == max(33 * layer, 32 * layer + 4 * 128_256) * 2
     with pytest.raises(ValueError, match="vocab_size"):
         D.max_sequence_length(8, 80, **kw, vocab_size=0)
 
@@ -486,10 +490,34 @@ def test_max_sequence_length_with_the_loss_upcast_to_float32():
     bf16 = D.max_sequence_length(8, 80, **kw, reserved_gib=20, vocab_size=128_256)
     assert D.max_sequence_length(8, 80, **kw, reserved_gib=20, vocab_size=128_256, loss_itemsize=2) == bf16
     fp32 = D.max_sequence_length(8, 80, **kw, reserved_gib=20, vocab_size=128_256, loss_itemsize=4)
-    head = 80 * 8192 * 2 + 128_256 * (2 + 4 + 4)          # each layer's input (bf16), bf16 logits, fp32 log-probs, fp32 grad
+    # each layer's input (bf16); bf16 logits; fp32 log-probs, their gradient, the logits' gradient
+    head = 80 * 8192 * 2 + 128_256 * (2 + 3 * 4)
     assert fp32["bytes_per_token"] == {"single": head, "ring": head, "ulysses": head}          # the LM head binds
-    assert bf16["bytes_per_token"]["ring"] < head                                               # in bf16 it does not
+    head_bf16 = 80 * 8192 * 2 + 128_256 * 4 * 2
+    assert bf16["bytes_per_token"] == {"single": head_bf16, "ring": head_bf16, "ulysses": head_bf16}   # in bf16 too
+    chunked = D.max_sequence_length(8, 80, **kw, reserved_gib=20)                              # no LM head counted
+    assert max(chunked["bytes_per_token"].values()) < head_bf16
     assert fp32["ring"] == int(60 * 2**30 * 8 / head) // 16 * 16
     assert 0.22 < 1 - fp32["ring"] / bf16["ring"] < 0.26
     with pytest.raises(ValueError, match="loss_itemsize"):
         D.max_sequence_length(8, 80, **kw, vocab_size=128_256, loss_itemsize=0)
+
+
+@pytest.mark.parametrize("upcast", [False, True])
+def test_the_lm_head_count_is_what_torch_cross_entropy_holds(upcast):
+    """V (b + 3 c) bytes per token: measured with torch's profiler (CPU allocator) through F.cross_entropy's backward."""
+    from selfattn_lite.course.memory import cpu_peak_bytes
+
+    N, V = 64, 8192
+    logits = torch.randn(N, V, dtype=torch.bfloat16, requires_grad=True)     # held, as the model's output holds it
+    target = torch.randint(0, V, (N,), generator=torch.Generator().manual_seed(0))
+
+    def loss_and_backward():
+        F.cross_entropy(logits.float() if upcast else logits, target).backward()
+
+    peak, _ = cpu_peak_bytes(loss_and_backward)
+    c = 4 if upcast else 2
+    kw = dict(d_model=64, n_layers=1, n_heads=1, ffn_dim=64)
+    head = D.max_sequence_length(1, 80, **kw, vocab_size=V, loss_itemsize=c)["bytes_per_token"]["single"] - 64 * 2
+    assert head == V * (2 + 3 * c)
+    assert abs((2 * N * V + peak) - N * head) < 0.01 * N * head      # the logits themselves + what the loss adds
