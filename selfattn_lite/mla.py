@@ -19,7 +19,9 @@ query is carried into the latent space, attention runs over the cached latents d
 [c ; k^R] and one value c shared by every head, like MQA with wide heads), and each head's latent output
 goes through its own W^UV_i, then W^O. Both forms give the same output. The naive form (expand every
 cached latent into h keys and values) is what vLLM runs for prefill, where the step is compute-bound
-and the narrower heads (qk_nope + qk_rope < kv_lora_rank + qk_rope) cost fewer FLOPs.
+and the narrower heads (qk_nope + qk_rope < kv_lora_rank + qk_rope) cost fewer FLOPs. (DeepSeek-V3's
+``attn_impl = "naive"`` is a third way, counted by the cost functions as ``"expanded_cache"``: it caches
+the expanded per-head keys and values, an MHA-sized cache, and expands only the new tokens.)
 
 Names follow the Hugging Face DeepSeek-V2/V3 configs: ``kv_lora_rank``, ``q_lora_rank``,
 ``qk_nope_head_dim``, ``qk_rope_head_dim``, ``v_head_dim``; the submodules are named like
@@ -70,7 +72,7 @@ def mla_cache_bytes(n_layers: int, kv_lora_rank: int, qk_rope_head_dim: int, n_t
     return int(round((kv_lora_rank + qk_rope_head_dim) * n_layers * n_tokens * batch * bytes_per_value))
 
 
-FORMS = ("naive", "absorbed", "folded")
+FORMS = ("naive", "absorbed", "folded", "expanded_cache")
 
 
 def _check_form(form: str) -> None:
@@ -85,9 +87,11 @@ def mla_weight_values(*, d_model: int, n_heads: int, kv_lora_rank: int, qk_nope_
     The query and latent projections (``q_proj``, ``kv_a_proj_with_mqa``) are the same in every form
     and left out. What differs:
 
-    * naive and absorbed: W^UK (h, nope, d_c) and W^UV (h, v, d_c), i.e. ``kv_b_proj``, and W^O (d, h v);
+    * naive, absorbed and expanded_cache: W^UK (h, nope, d_c) and W^UV (h, v, d_c), i.e. ``kv_b_proj``,
+      and W^O (d, h v);
     * folded: W^UK and the product W^O_i W^UV_i, one (d, d_c) matrix per head: d h d_c values, which
-      replaces W^UV and W^O (h v d_c + d h v values) and is larger whenever d_c > v.
+      replaces W^UV and W^O (h v d_c + d h v values) and is larger exactly when d d_c > v d_c + d v,
+      i.e. d_c > d v / (d - v) (131.3 at DeepSeek-V2's d = 5120, v = 128; d_c is 512).
 
     Example (DeepSeek-V2: d 5120, h 128, d_c 512, v 128): W^UV 8.4M + W^O 83.9M = 92.3M values,
     the fold 335.5M (3.6 times as many; 640 MiB per layer in bf16).
@@ -118,7 +122,10 @@ def mla_decode_bytes(n_tokens: int, *, d_model: int, n_heads: int, kv_lora_rank:
     * naive: every cached latent is expanded into h keys (qk_nope + qk_rope wide) and values
       (v_head_dim), n_tokens x h x (qk_nope + qk_rope + v) values, written once and read once, so
       counted twice;
-    * absorbed and folded: attention reads the latents themselves: nothing beyond the cache.
+    * absorbed and folded: attention reads the latents themselves: nothing beyond the cache;
+    * expanded_cache (DeepSeek-V3's ``attn_impl = "naive"``): the cache itself holds the expanded keys
+      and values, n_tokens x h x (qk_nope + qk_rope + v) values read once (the new token's are
+      expanded from its latent alone); nothing beyond the cache.
 
     Returns:
         {"cache": bytes of the cache, "keys_values": bytes of the expanded keys and values, written plus
@@ -134,7 +141,9 @@ def mla_decode_bytes(n_tokens: int, *, d_model: int, n_heads: int, kv_lora_rank:
     check_real("bytes_per_value", bytes_per_value, low=0, low_open=True)
     weights = mla_weight_values(d_model=d_model, n_heads=n_heads, kv_lora_rank=kv_lora_rank,
                                 qk_nope_head_dim=qk_nope_head_dim, v_head_dim=v_head_dim, form=form)
-    cache = n_tokens * (kv_lora_rank + qk_rope_head_dim) * bytes_per_value
+    per_token = (n_heads * (qk_nope_head_dim + qk_rope_head_dim + v_head_dim) if form == "expanded_cache"
+                 else kv_lora_rank + qk_rope_head_dim)
+    cache = n_tokens * per_token * bytes_per_value
     expanded = 2 * n_tokens * n_heads * (qk_nope_head_dim + qk_rope_head_dim + v_head_dim) * bytes_per_value
     out = {"cache": int(cache), "keys_values": int(expanded) if form == "naive" else 0,
            "weights": int(sum(weights.values()) * bytes_per_value)}
@@ -152,7 +161,8 @@ def mla_decode_flops(n_queries: int, n_tokens: int, *, d_model: int, n_heads: in
     * naive:    expand S latents, 2 S d_c h (nope + v); attention 2 L S h (nope + r + v); W^O 2 L h v d;
     * absorbed: W^UK into L queries, 2 L h nope d_c; attention 2 L S h (2 d_c + r);
       W^UV per head, 2 L h d_c v; W^O 2 L h v d;
-    * folded:   as absorbed, with W^UV and W^O replaced by the fold, 2 L h d_c d.
+    * folded:   as absorbed, with W^UV and W^O replaced by the fold, 2 L h d_c d;
+    * expanded_cache: as naive, but only the L new latents are expanded, 2 L d_c h (nope + v).
 
     The expansion grows with S and not with L: per query it is paid once for every query in the
     block, so it is cheap in prefill (L = S) and the whole cost of decode (L = 1).
@@ -167,8 +177,9 @@ def mla_decode_flops(n_queries: int, n_tokens: int, *, d_model: int, n_heads: in
                     ("v_head_dim", v_head_dim)):
         check_positive_int(name, n)
     h, d_c, nope, r, v, d = n_heads, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim, d_model
-    if form == "naive":
-        return 2 * S * d_c * h * (nope + v) + 2 * L * S * h * (nope + r + v) + 2 * L * h * v * d
+    if form in ("naive", "expanded_cache"):
+        expanded = S if form == "naive" else L                                # latents expanded this step
+        return 2 * expanded * d_c * h * (nope + v) + 2 * L * S * h * (nope + r + v) + 2 * L * h * v * d
     absorbed = 2 * L * h * nope * d_c + 2 * L * S * h * (2 * d_c + r)
     if form == "folded":
         return absorbed + 2 * L * h * d_c * d

@@ -121,7 +121,11 @@ def check_crossover_batch(fn) -> None:
     return passed(f"weights are read once per step, the cache once per sequence: DeepSeek-V2's attention layer "
                   f"({weights / 1e6:.1f}M weights) at {n_tokens:,} cached tokens ({cache / 1e6:.2f}M values per "
                   f"sequence) reads more cache than weights from batch {weights // cache + 1} on; at batch 1 the "
-                  f"weights are {weights / (weights + cache):.0%} of what it reads")
+                  f"weights are {weights / (weights + cache):.0%} of what it reads. Past that batch the bytes are "
+                  f"mostly cache, which absorbed attention reads at n_h (2 d_c + d_h^R) / (d_c + d_h^R) = "
+                  f"{layer.n_heads * (2 * layer.kv_lora_rank + layer.qk_rope_head_dim) / (layer.kv_lora_rank + layer.qk_rope_head_dim):.0f}"
+                  f" FLOP/byte in bf16, above an H200's ridge point: at serving batches the absorbed step is "
+                  f"compute-bound (section 1)")
 
 
 _DECODE_SHAPES = dict(d_model=24, n_heads=3, kv_lora_rank=16, qk_nope_head_dim=4, qk_rope_head_dim=2, v_head_dim=5)

@@ -209,6 +209,30 @@ def test_decode_bytes_count_cache_expanded_keys_and_weights():
         mla_decode_bytes(4, **{**V2, "n_heads": 0})
 
 
+def test_expanded_cache_is_deepseek_v3_naive():
+    """DeepSeek-V3's attn_impl = "naive" caches h (nope + rope + v) values per token and expands only new tokens."""
+    expanded = mla_decode_bytes(2048, **V2, form="expanded_cache")
+    naive = mla_decode_bytes(2048, **V2, form="naive")
+    assert expanded["cache"] == 2048 * 128 * (128 + 64 + 128) * 2 == 2048 * 40_960 * 2    # MHA-sized, read once
+    assert expanded["keys_values"] == 0 and expanded["weights"] == naive["weights"]
+    assert expanded["total"] == expanded["cache"] + expanded["weights"]
+    shapes = dict(V2)
+    for L, S in ((1, 2048), (5, 9), (2048, 2048)):
+        gap = mla_decode_flops(L, S, **shapes, form="naive") - mla_decode_flops(L, S, **shapes, form="expanded_cache")
+        assert gap == 2 * (S - L) * 512 * 128 * (128 + 128)            # naive expands S latents, it L
+    with pytest.raises(ValueError, match="form must be one of"):
+        mla_decode_bytes(4, **V2, form="expanded")
+
+
+def test_fold_is_larger_exactly_past_its_threshold():
+    """d h d_c > h v d_c + d h v  <=>  d_c > d v / (d - v): 131.3 at d = 5120, v = 128."""
+    base = dict(d_model=5120, n_heads=2, qk_nope_head_dim=8, v_head_dim=128)
+    for d_c, larger in ((131, False), (132, True)):
+        apart = mla_weight_values(**base, kv_lora_rank=d_c, form="absorbed")
+        folded = mla_weight_values(**base, kv_lora_rank=d_c, form="folded")
+        assert (folded["w_o_uv"] > apart["w_uv"] + apart["o_proj"]) is larger
+
+
 @pytest.mark.parametrize("form", ["naive", "absorbed", "folded"])
 def test_decode_flops_match_torch_flop_counter(form):
     from torch.utils.flop_counter import FlopCounterMode
