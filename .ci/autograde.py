@@ -49,6 +49,7 @@ PLANTED = {
         ("answer_1", "l = l * scale + p.sum(-1)", "l = l + p.sum(-1)", "rescale the running sum l"),
     ],
     "09_common_pitfalls": [
+        ("answer_1", "(i - j < window)", "(i - j <= window)", "a window one too wide"),
         ("answer_2", "attn_mask=keep[:, None, None, :]", "attn_mask=keep.float()[:, None, None, :]",
          "a float mask read as a boolean one"),
         ("answer_4", "/ math.sqrt(q.shape[-1])", "/ math.sqrt(d_model)", "the wrong width in the scale"),

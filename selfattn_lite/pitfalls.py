@@ -762,10 +762,12 @@ def demo_weights_not_explanations() -> Demo:
 
     The output is a sum of contributions, out = sum_j w_j v_j. Token 1's key matches the
     query best (largest weight) but its value is nearly zero; token 3 gets a small weight
-    but carries a large value, and the output is essentially token 3's value. Ranking by
-    the contributions |w_j v_j| (norm-based analysis, Kobayashi et al., 2020) says so;
-    ranking by weights says the opposite. And weights are not unique: two tokens with the
-    same value can trade weight without any change to the output.
+    but carries a large value, and the output is essentially token 3's value. The norms
+    ||w_j v_j|| (norm-based analysis, Kobayashi et al., 2020) rank token 3 first; the
+    weights rank it third. The norms are another view of this layer's mixing, not a fix:
+    here ``fix_works`` means that view ranks token 3 first and the contributions sum to the
+    output. And weights are not unique: two tokens with the same value can trade weight
+    without any change to the output.
 
     Taught in notebook 09, "14 · Attention weights are not explanations".
     """
@@ -774,7 +776,7 @@ def demo_weights_not_explanations() -> Demo:
     v = torch.tensor([[0.1, 0.0], [0.01, 0.0], [0.0, 0.1], [6.0, 6.0]])
     out, w = scaled_dot_product_attention(q, k, v)
     contributions = w[0, :, None] * v                                # (4, 2): out = their sum
-    share = contributions.norm(dim=-1) / contributions.norm(dim=-1).sum()
+    norms = contributions.norm(dim=-1)                               # (4,) ||w_j v_j||
     cos_with_v3 = F.cosine_similarity(out[0], v[3], dim=0).item()
 
     # tokens 0 and 2 given the same value: moving weight between them changes nothing
@@ -784,12 +786,12 @@ def demo_weights_not_explanations() -> Demo:
     out_a, w_a = scaled_dot_product_attention(q + torch.tensor([[0, 1.0, 0, 0]]), k, v_dup)
     out_b, w_b = scaled_dot_product_attention(q + torch.tensor([[0, 1.0, 0, 0]]), k_swapped, v_dup)
     return Demo(dict(weights=[round(x, 3) for x in w[0].tolist()],
-                     contribution_share=[round(x, 3) for x in share.tolist()], cos_output_v3=round(cos_with_v3, 4),
+                     contribution_norm=[round(x, 4) for x in norms.tolist()], cos_output_v3=round(cos_with_v3, 4),
                      duplicate_weights_a=[round(x, 3) for x in w_a[0].tolist()],
                      duplicate_weights_b=[round(x, 3) for x in w_b[0].tolist()]),
-                symptom_seen=int(w[0].argmax()) == 1 and share[1].item() < 0.01
+                symptom_seen=int(w[0].argmax()) == 1 and norms[1].item() < 0.01 * norms.max().item()
                 and bool(w_a[0, 0] > w_a[0, 2]) and bool(w_b[0, 0] < w_b[0, 2]) and _close(out_a, out_b),
-                fix_works=int(share.argmax()) == 3 and cos_with_v3 > 0.99 and _close(contributions.sum(0), out[0]))
+                fix_works=int(norms.argmax()) == 3 and cos_with_v3 > 0.99 and _close(contributions.sum(0), out[0]))
 
 
 # ---------------------------------------------------------------------------------------------

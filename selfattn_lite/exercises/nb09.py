@@ -2,7 +2,7 @@
 
 Each checker runs the learner's fixed function on fresh inputs and compares it with a reference
 (torch, or each sequence run alone). When the answer is still wrong it names the *bug class* it sees
-(a missing position offset, a top-left causal mask, a float mask read as a boolean one, the wrong
+(a window aligned top-left or one too wide, a float mask read as a boolean one, the wrong
 width in the scale, an inverted key-padding mask), never the corrected line. ``check_leaks_future``
 grades a test the learner writes: it must pass correct causal attention and catch planted leaks.
 """
@@ -16,12 +16,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..masks import causal_mask
-from ..positions import RotaryEmbedding
 from . import ExerciseError, NotAttempted, attempt, close, not_attempted, passed, require_tensor
 from . import solution as solution  # the notebooks' guard on their folded solutions
 from . import unanswered as unanswered
 
-__all__ = ["check_decode_chunk", "check_padded_sdpa", "check_multi_head_attention", "check_padded_self_attention",
+__all__ = ["check_window_chunk", "check_padded_sdpa", "check_multi_head_attention", "check_padded_self_attention",
            "check_leaks_future"]
 
 
@@ -29,69 +28,73 @@ def _bug(pitfall: str, message: str) -> ExerciseError:
     return ExerciseError(f"bug class: {pitfall}. {message}")
 
 
-# ----------------------------------------------------------------------------- 1. a chunk of new tokens with RoPE
+# ----------------------------------------------------------------------------- 1. a sliding window over a cache
 
-def _chunk_inputs(seed: int = 9, n_cached: int = 5, n_new: int = 3, d: int = 8):
+def _band(n_new: int, n_all: int, window: int, *, offset: int | None = None, causal: bool = True) -> torch.Tensor:
+    """(n_new, n_all) bool, True = may attend: query i, at position offset + i, sees the keys j with
+    0 <= (offset + i) - j < window. offset defaults to n_all - n_new (the new tokens are the last positions)."""
+    p = (n_all - n_new if offset is None else offset) + torch.arange(n_new)[:, None]   # (n_new, 1) query positions
+    j = torch.arange(n_all)[None, :]                                                  # (1, n_all) key positions
+    return ((j <= p) if causal else torch.ones_like(j <= p)) & (p - j < window)
+
+
+def _window_inputs(seed: int, n_cached: int, n_new: int, d: int = 8):
     g = torch.Generator().manual_seed(seed)
-    rope = RotaryEmbedding(d)
     q, k, v = (torch.randn(1, 2, n_cached + n_new, d, generator=g) for _ in range(3))   # (B, h, T, d)
-    pos = torch.arange(n_cached + n_new)
-    rq, rk = rope(q, pos), rope(k, pos)
-    reference = F.scaled_dot_product_attention(rq, rk, v, is_causal=True)[..., n_cached:, :]
-    new, old = slice(n_cached, None), slice(None, n_cached)
-    return rope, (q[..., new, :], k[..., new, :], v[..., new, :], rk[..., old, :], v[..., old, :]), rq, rk, v, reference
+    return q[..., n_cached:, :], k, v
 
 
-def check_decode_chunk(fn) -> None:
-    """``fn(q_new, k_new, v_new, k_cache, v_cache, rope) -> (out, k_all, v_all)`` for a chunk of new tokens.
+def check_window_chunk(fn) -> None:
+    """``fn(q_new, k_all, v_all, window) -> out``: sliding-window attention for a chunk of new tokens.
 
-    q_new, k_new, v_new (B, h, T_new, d), not yet rotated; k_cache (B, h, t, d), already rotated.
-    out must equal the last T_new rows of causal attention over all t + T_new tokens.
+    q_new (B, h, n_new, d): the queries of the n_new newest tokens; k_all, v_all (B, h, n_all, d): the
+    cached tokens' keys and values followed by the new ones. The query at position p sees the keys at
+    positions p - window + 1 .. p (window keys, itself included). out (B, h, n_new, d) must equal the
+    last n_new rows of sliding-window attention over all n_all tokens.
     """
-    rope, args, rq, rk, v, reference = _chunk_inputs()
-    n_new, n_all = args[0].shape[-2], rk.shape[-2]
-    n_cached = n_all - n_new
+    n_cached, n_new, window = 6, 3, 4
+    q_new, k, v = _window_inputs(9, n_cached, n_new)
+    n_all = n_cached + n_new
     try:
-        got = attempt(fn, *(a.clone() for a in args), rope)
+        got = attempt(fn, q_new.clone(), k.clone(), v.clone(), window)
     except NotAttempted:
-        return not_attempted("decode_chunk")
-    if not (isinstance(got, tuple) and len(got) == 3):
-        raise ExerciseError("decode_chunk should return three things: (out, k_all, v_all)")
-    out, k_all, v_all = got
-    out = require_tensor("out", out, (1, 2, n_new, 8))
-    k_all = require_tensor("k_all", k_all, (1, 2, n_all, 8))
-    require_tensor("v_all", v_all, (1, 2, n_all, 8))
-    if close(out, reference) and close(k_all, rk):
-        return passed(f"the {n_new} new tokens are rotated at positions {n_cached}..{n_all - 1} and each sees "
-                      "the cache and the new tokens up to itself: the chunk equals full recomputation")
-    k_new = args[1]
-    if close(k_all[..., :n_new, :], rk[..., n_cached:, :]) or close(k_all[..., n_cached:, :], rk[..., :n_cached, :]):
-        raise _bug("cache order", "the new keys went in front of the cache: the cache holds the earlier tokens")
-    if close(k_all[..., n_cached:, :], rope(k_new, torch.arange(n_new))):
-        raise _bug("RoPE without the position offset (pitfall 9)",
-                   f"the new keys are rotated as if the chunk started at position 0; it starts after the "
-                   f"{n_cached} cached tokens")
-    if close(k_all[..., :n_cached, :], rope(rk[..., :n_cached, :], torch.arange(n_cached))):
-        raise _bug("double rotation", "the cached keys were rotated again; they were rotated when they were new")
-    if not close(k_all, rk):
-        raise ExerciseError("k_all should be the cached keys followed by the new keys, each rotated once at its "
-                            "own position")
-    q_new, bottom_right = rq[..., n_cached:, :], causal_mask(n_new, n_all, bottom_right=True)
-    if close(out, F.scaled_dot_product_attention(rope(args[0], torch.arange(n_new)), rk, v, attn_mask=bottom_right)):
-        raise _bug("RoPE without the position offset (pitfall 9)",
-                   "the keys are rotated at their true positions, the new queries are not")
-    if close(out, F.scaled_dot_product_attention(q_new, rk, v, is_causal=True)):
-        raise _bug("is_causal=True with a cache (pitfall 8)",
-                   f"is_causal=True aligns the mask top-left: new token 0 sees only key 0, not the {n_cached} "
-                   "cached keys before it. The new tokens are the *last* rows of the causal mask")
-    if close(out, F.scaled_dot_product_attention(q_new, rk, v)):
-        raise _bug("no causal mask inside the chunk",
-                   "with more than one new token, each must not see the new tokens after it: an unmasked call "
-                   "lets new token 0 see tokens 1 and 2")
-    if close(out, F.scaled_dot_product_attention(q_new, rk, v, attn_mask=~bottom_right)):
+        return not_attempted("window_chunk_attention")
+    got = require_tensor("window_chunk_attention(q_new, k_all, v_all, window)", got, tuple(q_new.shape))
+
+    def with_mask(mask):
+        return F.scaled_dot_product_attention(q_new, k, v, attn_mask=mask)
+
+    if close(got, with_mask(_band(n_new, n_all, window))):
+        q1, k1, v1 = _window_inputs(10, 5, 1)                                        # one decoding step, window 3
+        got1 = require_tensor("window_chunk_attention for one new token", attempt(fn, q1, k1, v1, 3), tuple(q1.shape))
+        if not close(got1, F.scaled_dot_product_attention(q1, k1, v1, attn_mask=_band(1, 6, 3))):
+            raise ExerciseError("right for this chunk, wrong for one new token after 5 cached ones with window 3: "
+                                "the mask must follow from the shapes and the window, not from these sizes")
+        return passed(f"each of the {n_new} new tokens (positions {n_cached}..{n_all - 1}) sees itself and the "
+                      f"{window - 1} tokens before it: the chunk equals the last rows of sliding-window attention "
+                      "over the whole sequence")
+    if any(close(got, with_mask(_band(n_new, n_all, w, offset=0))) for w in (window - 1, window, window + 1)):
+        raise _bug("a mask aligned top-left (the alignment of pitfall 8)",
+                   f"the new queries are placed at positions 0..{n_new - 1}, so new token 0 sees key 0 only. They "
+                   f"are the last {n_new} of {n_all} positions. Without a cache the two alignments agree, which is "
+                   "why a test on a whole prompt misses this")
+    if close(got, with_mask(_band(n_new, n_all, window + 1))):
+        raise _bug("a window one too wide", f"each query sees {window + 1} keys: itself and the {window} before it. "
+                   f"A window of {window} holds {window} keys, itself included")
+    if close(got, with_mask(_band(n_new, n_all, window - 1))):
+        raise _bug("a window one too narrow", f"each query sees {window - 1} keys; a window of {window} holds "
+                   f"{window} keys, itself included")
+    if close(got, with_mask(causal_mask(n_new, n_all, bottom_right=True))):
+        raise _bug("no window", "each new token sees the whole cache: that is causal attention, not a sliding window")
+    if any(close(got, with_mask(_band(n_new, n_all, w, causal=False))) for w in (window, window + 1)) \
+            or close(got, F.scaled_dot_product_attention(q_new, k, v)):
+        raise _bug("the future is visible", "a new token sees the new tokens after it: the window must also stop "
+                   "at the query's own position")
+    if close(got, with_mask(~_band(n_new, n_all, window))):
         raise _bug("mask polarity (pitfall 3)", "the mask lets each query see exactly the keys it must not: "
                    "F.scaled_dot_product_attention reads True as may attend")
-    raise ExerciseError("the output differs from the last rows of causal attention over the cache and the chunk")
+    raise ExerciseError("the output differs from the last rows of sliding-window attention over the cache and "
+                        "the chunk")
 
 
 # ----------------------------------------------------------------------------- 2. a float padding mask

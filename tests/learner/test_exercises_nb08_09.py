@@ -231,62 +231,54 @@ def test_causal_tiled_memory_catches_an_n_by_n_mask():
 # ----------------------------------------------------------------------------- nb09: the fixed snippets
 # Each wrong answer below is the notebook's buggy snippet, or a plausible half-fix of it.
 
-def _rotate(q_new, k_new, rope, pos):
-    return rope(q_new, pos), rope(k_new, pos)
+def window_chunk_fixed(q_new, k_all, v_all, window):
+    n_new, n_all = q_new.shape[-2], k_all.shape[-2]
+    i = n_all - n_new + torch.arange(n_new)[:, None]                   # (n_new, 1) query positions
+    j = torch.arange(n_all)[None, :]                                   # (1, n_all) key positions
+    mask = (j <= i) & (i - j < window)
+    return F.scaled_dot_product_attention(q_new, k_all, v_all, attn_mask=mask)
 
 
-def chunk_fixed(q_new, k_new, v_new, k_cache, v_cache, rope):
-    pos = k_cache.shape[-2] + torch.arange(q_new.shape[-2])
-    q_new, k_new = _rotate(q_new, k_new, rope, pos)
-    k_all, v_all = torch.cat([k_cache, k_new], dim=-2), torch.cat([v_cache, v_new], dim=-2)
-    mask = causal_mask(q_new.shape[-2], k_all.shape[-2], bottom_right=True)
-    return F.scaled_dot_product_attention(q_new, k_all, v_all, attn_mask=mask), k_all, v_all
+def window_chunk_additive(q_new, k_all, v_all, window):
+    """Another right answer: a float mask (-inf outside the band) on the bottom-right causal mask."""
+    n_new, n_all = q_new.shape[-2], k_all.shape[-2]
+    inside = causal_mask(n_new, n_all, bottom_right=True) & ~causal_mask(n_new, n_all, bottom_right=True).tril(
+        n_all - n_new - window)
+    mask = torch.zeros(n_new, n_all).masked_fill(~inside, float("-inf"))
+    return F.scaled_dot_product_attention(q_new, k_all, v_all, attn_mask=mask)
 
 
-def chunk_float_mask(q_new, k_new, v_new, k_cache, v_cache, rope):
-    """Another right answer: an additive float mask, built by hand."""
-    t, n = k_cache.shape[-2], q_new.shape[-2]
-    q_new, k_new = _rotate(q_new, k_new, rope, t + torch.arange(n))
-    k_all, v_all = torch.cat([k_cache, k_new], dim=-2), torch.cat([v_cache, v_new], dim=-2)
-    future = torch.arange(t + n)[None, :] > t + torch.arange(n)[:, None]
-    mask = torch.zeros(n, t + n).masked_fill(future, float("-inf"))
-    return F.scaled_dot_product_attention(q_new, k_all, v_all, attn_mask=mask), k_all, v_all
-
-
-def chunk_variant(offset=True, mask="bottom_right", front=False, rotate_cache=False, offset_q=True):
-    def fn(q_new, k_new, v_new, k_cache, v_cache, rope):
-        t, n = k_cache.shape[-2], q_new.shape[-2]
-        pos = (t if offset else 0) + torch.arange(n)
-        q_new = rope(q_new, pos if offset_q else torch.arange(n))
-        k_new = rope(k_new, pos)
-        if rotate_cache:
-            k_cache = rope(k_cache, torch.arange(t))
-        parts_k, parts_v = ([k_new, k_cache], [v_new, v_cache]) if front else ([k_cache, k_new], [v_cache, v_new])
-        k_all, v_all = torch.cat(parts_k, dim=-2), torch.cat(parts_v, dim=-2)
-        kwargs = {"bottom_right": dict(attn_mask=causal_mask(n, t + n, bottom_right=True)),
-                  "inverted": dict(attn_mask=~causal_mask(n, t + n, bottom_right=True)),
-                  "is_causal": dict(is_causal=True), "none": {}}[mask]
-        return F.scaled_dot_product_attention(q_new, k_all, v_all, **kwargs), k_all, v_all
+def window_variant(offset=True, width=0, causal=True, invert=False, hard_coded=False):
+    """The stub is window_variant(offset=False, width=1): top-left positions and i - j <= window."""
+    def fn(q_new, k_all, v_all, window):
+        n_new, n_all = q_new.shape[-2], k_all.shape[-2]
+        start = (6 if hard_coded else n_all - n_new) if offset else 0
+        i = start + torch.arange(n_new)[:, None]
+        j = torch.arange(n_all)[None, :]
+        mask = (i - j < window + width) & ((j <= i) if causal else True)
+        return F.scaled_dot_product_attention(q_new, k_all, v_all, attn_mask=~mask if invert else mask)
     return fn
 
 
-RIGHT["decode_chunk"] = nb09.check_decode_chunk, chunk_fixed
-RIGHT["decode_chunk_float_mask"] = nb09.check_decode_chunk, chunk_float_mask
+RIGHT["window_chunk"] = nb09.check_window_chunk, window_chunk_fixed
+RIGHT["window_chunk_additive"] = nb09.check_window_chunk, window_chunk_additive
 
 
 @pytest.mark.parametrize("wrong,fragment", [
-    (chunk_variant(offset=False, mask="is_causal"), "bug class: RoPE without the position offset"),   # the stub
-    (chunk_variant(offset=False), "bug class: RoPE without the position offset"),
-    (chunk_variant(offset_q=False), "the new queries are not"),
-    (chunk_variant(mask="is_causal"), "bug class: is_causal=True with a cache"),
-    (chunk_variant(mask="none"), "bug class: no causal mask inside the chunk"),
-    (chunk_variant(mask="inverted"), "bug class: mask polarity"),
-    (chunk_variant(front=True), "bug class: cache order"),
-    (chunk_variant(rotate_cache=True), "bug class: double rotation"),
-    (lambda *a: chunk_fixed(*a)[0], "three things"),
+    (window_variant(offset=False, width=1), "bug class: a mask aligned top-left"),       # the stub
+    (window_variant(offset=False), "bug class: a mask aligned top-left"),
+    (lambda q, k, v, w: F.scaled_dot_product_attention(q, k, v, is_causal=True), "bug class: a mask aligned top-left"),
+    (window_variant(width=1), "bug class: a window one too wide"),
+    (window_variant(width=-1), "bug class: a window one too narrow"),
+    (window_variant(width=100), "bug class: no window"),
+    (window_variant(causal=False), "bug class: the future is visible"),
+    (lambda q, k, v, w: F.scaled_dot_product_attention(q, k, v), "bug class: the future is visible"),
+    (window_variant(invert=True), "bug class: mask polarity"),
+    (window_variant(hard_coded=True), "not from these sizes"),
+    (lambda q, k, v, w: (window_chunk_fixed(q, k, v, w), k), "should be a torch.Tensor"),
 ])
-def test_decode_chunk_diagnoses(wrong, fragment):
-    expect_error(nb09.check_decode_chunk, wrong, fragment)
+def test_window_chunk_diagnoses(wrong, fragment):
+    expect_error(nb09.check_window_chunk, wrong, fragment)
 
 
 def _keep(k, lengths):
@@ -471,7 +463,7 @@ def test_leaks_future_diagnoses(wrong, fragment):
 def test_no_message_prints_the_fixed_line():
     """The checkers name the bug class for the untouched stubs; they do not hand out the corrected code."""
     messages = []
-    for wrong, checker in ((chunk_variant(offset=False, mask="is_causal"), nb09.check_decode_chunk),
+    for wrong, checker in ((window_variant(offset=False, width=1), nb09.check_window_chunk),
                            (lambda q, k, v, n: F.scaled_dot_product_attention(
                                q, k, v, attn_mask=_keep(k, n).float()[:, None, None, :]), nb09.check_padded_sdpa),
                            (mha_scaled(lambda d, h: math.sqrt(d)), nb09.check_multi_head_attention),
@@ -480,7 +472,7 @@ def test_no_message_prints_the_fixed_line():
             checker(wrong)
         messages.append(str(info.value))
     for message in messages:
-        for fix in ("torch.arange(", "bottom_right=True", ".bool()", "d_model // n_heads", "~keep", "sqrt(d_head)"):
+        for fix in ("torch.arange(", "bottom_right=True", "i - j < window", "n_all - n_new", ".bool()", "d_model // n_heads", "~keep", "sqrt(d_head)"):
             assert fix not in message, (fix, message)
 
 
