@@ -319,10 +319,17 @@ def run_budget(sweep_dir: Path, batch: int = BATCH, only_stuck: bool = False) ->
         if only_stuck and seed == 0:
             continue
         name = budget_run_name(mixer, lr, seed)
-        model, record = train(v2_config(mixer), seed, steps=BUDGET_STEPS, batch=batch, lr=lr, style=V2_STYLE,
-                              name=name, validate=True)
-        record["command"] = "OMP_NUM_THREADS=1 python -m selfattn_lite.course.train_recall --budget"
-        save(model, record, out)
+        claim = out / f"{name}.claim"              # another process trains it: two processes can share the plan
+        if (out / f"{name}.json").exists() or claim.exists():
+            continue
+        claim.touch()
+        try:
+            model, record = train(v2_config(mixer), seed, steps=BUDGET_STEPS, batch=batch, lr=lr, style=V2_STYLE,
+                                  name=name, validate=True)
+            record["command"] = "OMP_NUM_THREADS=1 python -m selfattn_lite.course.train_recall --budget"
+            save(model, record, out)
+        finally:
+            claim.unlink()
         print(f"{name:<36} {record['cpu_seconds']:7.1f} cpu-s  eval {record['accuracy']}", flush=True)
 
 

@@ -69,10 +69,20 @@ def test_is_stub_tells_a_stub_from_an_answer():
         """Doc."""
         raise NotImplementedError
 
+    def fix_me(x, n):                       # a "find the bug" stub: the learner deletes the first line
+        raise NotImplementedError("delete this line")
+        return [t[:n] for t in x]               # a closure over n: MAKE_CELL comes first
+
     def answer(q):
         raise ValueError("not implemented yet")
 
-    assert exercises.is_stub(stub) and not exercises.is_stub(answer) and not exercises.is_stub(len)
+    def partial(q):
+        if q is None:
+            raise NotImplementedError
+        return q
+
+    assert exercises.is_stub(stub) and exercises.is_stub(fix_me)
+    assert not any(exercises.is_stub(f) for f in (answer, partial, len))
 
 
 def test_the_assignments_strip_the_guard():
