@@ -118,13 +118,14 @@ def check_crossover_batch(fn) -> None:
     layer = _crossover_layer(shape)
     weights = sum(p.numel() for p in layer.parameters())
     cache = n_tokens * (layer.kv_lora_rank + layer.qk_rope_head_dim)
+    intensity = layer.n_heads * (2 * layer.kv_lora_rank + layer.qk_rope_head_dim) / (
+        layer.kv_lora_rank + layer.qk_rope_head_dim)                        # FLOP per cached byte, bf16
     return passed(f"weights are read once per step, the cache once per sequence: DeepSeek-V2's attention layer "
                   f"({weights / 1e6:.1f}M weights) at {n_tokens:,} cached tokens ({cache / 1e6:.2f}M values per "
                   f"sequence) reads more cache than weights from batch {weights // cache + 1} on; at batch 1 the "
                   f"weights are {weights / (weights + cache):.0%} of what it reads. Past that batch the bytes are "
                   f"mostly cache, which absorbed attention reads at n_h (2 d_c + d_h^R) / (d_c + d_h^R) = "
-                  f"{layer.n_heads * (2 * layer.kv_lora_rank + layer.qk_rope_head_dim) / (layer.kv_lora_rank + layer.qk_rope_head_dim):.0f}"
-                  f" FLOP/byte in bf16, above an H200's ridge point: at serving batches the absorbed step is "
+                  f"{intensity:.0f} FLOP/byte in bf16, above an H200's ridge point: at serving batches the absorbed step is "
                   f"compute-bound (section 1)")
 
 
