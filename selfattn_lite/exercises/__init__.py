@@ -66,7 +66,10 @@ def graded(check: Callable, *args, **kwargs) -> None:
 
 def is_stub(fn) -> bool:
     """True for a function whose body starts with ``raise NotImplementedError`` (an exercise's stub, also one that
-    hands the learner buggy code below that line to fix)."""
+    hands the learner buggy code below that line to fix), or a class one of whose own methods raises it."""
+    if isinstance(fn, type):                   # a class stub: one of its own methods raises NotImplementedError
+        return any("NotImplementedError" in getattr(f, "__code__", types.SimpleNamespace(co_names=())).co_names
+                   for f in vars(fn).values())
     code = getattr(fn, "__code__", None)
     if code is None:
         return False

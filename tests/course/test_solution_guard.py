@@ -27,11 +27,11 @@ def solutions(path):
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name[:2])
 def test_every_folded_solution_is_guarded(path):
     for stub, solution in solutions(path):
-        stub_defs = [n.name for n in ast.parse(stub).body if isinstance(n, ast.FunctionDef)]
+        stub_defs = [n.name for n in ast.parse(stub).body if isinstance(n, (ast.FunctionDef, ast.ClassDef))]
         tree = ast.parse(solution)
         if stub_defs:
             for node in tree.body:
-                if isinstance(node, ast.FunctionDef) and node.name in stub_defs:
+                if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name in stub_defs:
                     assert node.decorator_list and ast.unparse(node.decorator_list[0]) == "check.solution", \
                         (path.name, node.name)
         else:
@@ -81,7 +81,17 @@ def test_is_stub_tells_a_stub_from_an_answer():
             raise NotImplementedError
         return q
 
-    assert exercises.is_stub(stub) and exercises.is_stub(fix_me)
+    class StubModel:
+        def __init__(self):
+            super().__init__()
+            raise NotImplementedError
+
+    class Model:
+        def __init__(self):
+            self.n = 1
+
+    assert exercises.is_stub(stub) and exercises.is_stub(fix_me) and exercises.is_stub(StubModel)
+    assert not exercises.is_stub(Model)
     assert not any(exercises.is_stub(f) for f in (answer, partial, len))
 
 
