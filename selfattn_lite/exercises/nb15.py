@@ -30,8 +30,8 @@ __all__ = ["dot_precision", "update_tolerance", "check_window_update", "check_wi
 BLOCK_M, BLOCK_N, D = 16, 16, 16
 N_KEYS, Q0, WINDOW = 64, 24, 20   # queries 24..39 see keys 5..24 up to 20..39: rows 36..39 see none of block 0
 FP32_ATOL = 1e-4              # float32 products: the exp() and the sums of 20 keys stay far below this
-TF32_UNIT = 2.0 ** -10        # TF32 keeps 10 of float32's 23 mantissa bits; Triton's default "tf32" hands mma the
-                              # float32 bits (the low 13 dropped, not rounded): a factor errs by < 2^-10
+TF32_UNIT = 2.0 ** -10        # TF32 keeps 10 of float32's 23 mantissa bits: a factor cut (or rounded) to TF32
+                              # errs by < 2^-10 of itself, whichever the tensor cores do
 LOG2_E = math.log2(math.e)
 
 
@@ -47,8 +47,8 @@ def dot_precision() -> str:
 def update_tolerance(s: torch.Tensor, v: torch.Tensor, precision: str) -> torch.Tensor:
     """Elementwise bound (BLOCK_M, D) on |acc / l - softmax(s) @ v| for a right update whose ``tl.dot(p, v)`` runs
     in ``precision``: ``FP32_ATOL``, and with "tf32" the cut of both factors of every product p_j v_j to 10
-    mantissa bits, |p_j v_j - tf32(p_j) tf32(v_j)| <= (2u + u^2) p_j |v_j| with u = 2^-10 (truncation, the
-    default of Triton's "tf32"; rounding to nearest would halve u), summed and divided by l:
+    mantissa bits, |p_j v_j - tf32(p_j) tf32(v_j)| <= (2u + u^2) p_j |v_j| with u = 2^-10 (the bound of a
+    cut; rounding to nearest would halve u), summed and divided by l:
     (2u + u^2) * (softmax(s) @ |v|). s in natural units, -inf where masked."""
     bound = torch.full((s.shape[0], v.shape[1]), FP32_ATOL, dtype=torch.float64)
     if precision == "tf32":
