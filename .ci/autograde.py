@@ -65,7 +65,7 @@ PLANTED = {
         ("answer_2", "src = (r - s) % W", "src = (r + s) % W", "the schedule runs backwards"),
     ],
     "15_flashattention_in_triton": [
-        ("answer_2", "start = max(0, q0 - window + 1) // block_n * block_n", "start = 0",
+        ("answer_4", "start = max(0, q0 - window + 1) // block_n * block_n", "start = 0",
          "which no query of the block sees"),
     ],
 }

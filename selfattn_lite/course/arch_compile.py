@@ -33,8 +33,8 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-__all__ = ["ARCHS", "DTYPES", "HEAD_DIMS", "dtypes_for", "cases", "compile_case", "resources", "compile_all", "check",
-           "groups", "main"]
+__all__ = ["ARCHS", "DTYPES", "HEAD_DIMS", "dtypes_for", "cases", "compile_case", "resources", "compile_all",
+           "warps_contrast", "check", "groups", "main"]
 
 ARCHS = (75, 80, 86, 89, 90)
 DTYPES = ("bf16", "fp16", "fp32")
@@ -235,6 +235,14 @@ def _summary(cc: int, records: list[dict]) -> str:
             f"{len(tiles)} on mma.sync), {len(bad)} over a limit")
 
 
+def warps_contrast(warps=(4, 8)) -> list[dict]:
+    """The sm_90 forward at FlashAttention-2's D = 128 tile (128 x 64, bf16, TMA, 3 stages) compiled with each
+    number of warps: on 4 warps a thread holds more than its 255 registers (STACK > 0), on 8 it does not."""
+    return [compile_case(dict(arch=90, kernel="attn_fwd_kernel", dtype="bf16", D=128, causal=False, tma=True,
+                              atomic_dq=None, smem_estimate=None,
+                              config=dict(BLOCK_M=128, BLOCK_N=64, num_warps=w, num_stages=3))) for w in warps]
+
+
 def main(argv: list[str] | None = None, *, default_out: str = "figures/gpu") -> None:
     """python -m selfattn_lite.course.arch_compile [--arch 75 80 86 89 90] [--out figures/gpu]"""
     parser = argparse.ArgumentParser(description=main.__doc__)
@@ -242,9 +250,20 @@ def main(argv: list[str] | None = None, *, default_out: str = "figures/gpu") -> 
     parser.add_argument("--out", default=default_out, help="folder for compile_sm{CC}.json")
     parser.add_argument("--workers", type=int, default=None)
     parser.add_argument("--verbose", action="store_true", help="one line per compile")
+    parser.add_argument("--warps", action="store_true",
+                        help="only the 4- and 8-warp sm_90 forward at 128 x 64 (sm90_fwd_warps.json)")
     args = parser.parse_args(argv)
     os.environ["TRITON_INTERPRET"] = "0"
     from .. import triton_attention as ta
+
+    if args.warps:
+        records = warps_contrast()
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "sm90_fwd_warps.json").write_text(json.dumps(dict(target="cuda sm_90", results=records),
+                                                                      indent=1) + "\n")
+        for r in records:
+            print(f"{r['config']['num_warps']} warps: {r['registers']} registers, stack {r['stack']} B")
+        return
 
     start = time.perf_counter()
     results = compile_all(cases(args.arch), workers=args.workers)

@@ -388,15 +388,17 @@ def _float64_reference(q, k, v, d_out, is_causal: bool, batch: slice):
     return out.detach(), grads
 
 
-def _kernel_rows(ctx: Context, impls: dict, *, D: int, notebook: dict) -> dict:
+def _kernel_rows(ctx: Context, impls: dict, *, D: int, notebook: dict, peaks: dict | None = None) -> dict:
     """Every implementation in ``impls`` (name -> fn(q, k, v, is_causal)) against torch SDPA at
     ``KERNEL_SIZES`` and head size D, bf16, causal and not: summary rows with time, TFLOP/s, share
-    of peak, time / SDPA's, error against float64 in bf16 ulps, and the SDPA backend that ran."""
+    of peak (the dtype's, or ``peaks[name]`` where given), time / SDPA's, error against float64 in bf16
+    ulps, and the SDPA backend that ran."""
     sizes = TINY_KERNEL_SIZES if ctx.tiny else kernel_sizes()
     B, H, N = sizes["B"], sizes["H"], sizes["N"]
     q, k, v, d_out = _inputs(ctx, *[(B, H, N, D)] * 4)
     dtype = ctx.dtype
     peak = bench.peak_tflops(ctx.device, dtype)
+    peaks = {name: peak for name in ("torch SDPA", *impls)} | (peaks or {})   # a kernel may use another instruction
     shape = f"B={B} H={H} N={N} d={D}"
     rows = []
     for is_causal in (False, True):
@@ -417,7 +419,7 @@ def _kernel_rows(ctx: Context, impls: dict, *, D: int, notebook: dict) -> dict:
                 rows.append(dict(notebook=notebook[what], what=f"{what}{', causal' if is_causal else ''}", impl=name,
                                  shape=shape, dtype=ctx.dtype_name, is_causal=is_causal, ms=1e3 * seconds,
                                  tflops=tflops,
-                                 peak_share=None if peak is None else tflops / peak,
+                                 peak_share=None if peaks[name] is None else tflops / peaks[name],
                                  vs_sdpa=seconds / timed["torch SDPA"]["fwd" if what == "forward" else "bwd"],
                                  err_ulps=errors[what], backend=backend[what] if name == "torch SDPA" else None))
             del t["out"], t["grads"]
@@ -446,8 +448,11 @@ def _triton(ctx: Context, D: int) -> dict:
         return triton_attention.flash_attention(q, k, v, is_causal=is_causal)
 
     D = ctx.pick(D, D // 4)
+    from .triton_bench import kernel_peak_tflops   # a T4 runs the kernel's dots on FMA: the FP32 peak there
+
     result = _kernel_rows(ctx, {"Triton flash_attention": triton_fa}, D=D,
-                          notebook=dict(forward="15", backward="11,15"))
+                          notebook=dict(forward="15", backward="11,15"),
+                          peaks={"Triton flash_attention": kernel_peak_tflops(ctx.device, ctx.dtype)})
     timings = triton_attention.dq_method_timings()
     result["dq_methods"] = timings
     probe = torch.empty(1, 1, 1, D, dtype=ctx.dtype, device=ctx.device)

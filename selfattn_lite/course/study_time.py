@@ -6,7 +6,8 @@
 The estimate of one notebook, in minutes, is
 
     minutes = words / WORDS_PER_MINUTE             the prose: every markdown cell, math and tables included
-            + code lines / LINES_PER_MINUTE        every non-blank line of the code cells a learner reads
+            + code lines / LINES_PER_MINUTE        every non-blank line of the code cells a learner reads, and
+                                                   of the printed listings (outputs of a cell tagged ``listing``)
             + figures * FIGURE_MINUTES             every image, in the markdown or among the outputs
             + run seconds / 60                     the cells' execution, measured (RUN_SECONDS)
             + exercises * EXERCISE_MINUTES         per exercise cell, or its ``study_minutes`` metadata
@@ -117,6 +118,9 @@ def estimate_cells(cells, run_seconds: dict | None = None) -> Estimate:
         images = sum("image/png" in out.get("data", {}) or "image/svg+xml" in out.get("data", {})
                      for out in cell.get("outputs", []))
         lines = sum(1 for line in cell.source.splitlines() if line.strip())
+        if "listing" in tags:                       # the cell prints source code the learner reads
+            lines += sum(1 for out in cell.get("outputs", []) if out.get("output_type") == "stream"
+                         for line in "".join(out.get("text", "")).splitlines() if line.strip())
         part = Estimate(code_lines=lines, figures=images, run_seconds=run_seconds.get(cell.get("id"), 0.0))
         if "exercise" in tags:
             part += Estimate(exercises=1,

@@ -21,7 +21,7 @@ from torch import Tensor
 from .. import triton_attention as ta
 from . import bench, timing
 
-__all__ = ["time_ms", "benchmark", "summarize", "main"]
+__all__ = ["time_ms", "kernel_peak_tflops", "benchmark", "summarize", "main"]
 
 IMPLS = ("torch SDPA", "triton flash_attention")
 
@@ -35,6 +35,21 @@ def time_ms(fn, device: torch.device | str, *, budget_s: float = 0.3) -> float:
 
         return float(triton.testing.do_bench(fn, warmup=25, rep=max(1, int(1000 * budget_s)), return_mode="median"))
     return 1e3 * bench.time_fn(fn, device=device, budget_s=budget_s)
+
+
+def kernel_peak_tflops(device: torch.device | str, dtype: torch.dtype = torch.bfloat16) -> float | None:
+    """The dense peak (TFLOP/s) of the instruction the Triton kernel's ``tl.dot`` becomes on ``device``.
+
+    From compute capability 8.0 the tensor cores in ``dtype`` (``bench.peak_tflops``); below it (a T4)
+    Triton runs the dot as float32 fused multiply-adds on the CUDA cores (``ta.matmul_instruction``
+    is "fma"), so the FP32 peak. None on a CPU or an unlisted GPU.
+    """
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    if not ta.device_limits(device)["tensor_cores"]:
+        return bench.peak_tflops(device, torch.float32)
+    return bench.peak_tflops(device, dtype)
 
 
 def _sdpa(q: Tensor, k: Tensor, v: Tensor, *, is_causal: bool = False) -> Tensor:
@@ -60,13 +75,14 @@ def benchmark(device: torch.device | str = "cuda", *, B: int = 4, H: int = 16, n
 
     Returns:
         JSON-able records, one per (D, n, causal, pass, impl): n, B, H, D, causal, pass ("fwd" or
-        "fwd+bwd"), impl ("torch SDPA" or "triton flash_attention"), ms, tflops, peak_share (None when
+        "fwd+bwd"), impl ("torch SDPA" or "triton flash_attention"), ms, tflops, peak_share (against the
+        peak of the instruction each one's matmuls use, ``kernel_peak_tflops`` for the kernel; None when
         the device's peak is unknown), ratio_vs_sdpa (time / SDPA's), device, dtype.
     """
     if not ta.available():
         raise ImportError(ta.UNAVAILABLE)
     device = torch.device(device)
-    peak = bench.peak_tflops(device, dtype)
+    peaks = {"torch SDPA": bench.peak_tflops(device, dtype), "triton flash_attention": kernel_peak_tflops(device, dtype)}
     impls = {"torch SDPA": _sdpa, "triton flash_attention": ta.flash_attention}
     gen = torch.Generator(device="cpu").manual_seed(0)
     records = []
@@ -89,7 +105,7 @@ def benchmark(device: torch.device | str = "cuda", *, B: int = 4, H: int = 16, n
                     for name in impls:
                         tflops = work / (ms[name] / 1e3) / 1e12
                         records.append(dict(n=n, B=B, H=H, D=D, causal=causal, impl=name, ms=ms[name],
-                                            tflops=tflops, peak_share=None if peak is None else tflops / peak,
+                                            tflops=tflops, peak_share=None if peaks[name] is None else tflops / peaks[name],
                                             ratio_vs_sdpa=ms[name] / ms[IMPLS[0]], device=bench.device_name(device),
                                             dtype=str(dtype).replace("torch.", ""), **{"pass": pass_}))
     return records

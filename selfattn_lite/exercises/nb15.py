@@ -32,8 +32,8 @@ __all__ = ["dot_precision", "update_tolerance", "check_window_update", "check_wi
 BLOCK_M, BLOCK_N, D = 16, 16, 16
 N_KEYS, Q0, WINDOW = 64, 24, 20   # queries 24..39 see keys 5..24 up to 20..39: rows 36..39 see none of block 0
 FP32_ATOL = 1e-4              # float32 products: the exp() and the sums of 20 keys stay far below this
-TF32_UNIT = 2.0 ** -10        # TF32 keeps 10 of float32's 23 mantissa bits; Triton's default "tf32" hands mma the
-                              # float32 bits (the low 13 dropped, not rounded): a factor errs by < 2^-10
+TF32_UNIT = 2.0 ** -10        # TF32 keeps 10 of float32's 23 mantissa bits: a factor cut (or rounded) to TF32
+                              # errs by < 2^-10 of itself, whichever the tensor cores do
 LOG2_E = math.log2(math.e)
 
 
@@ -49,8 +49,8 @@ def dot_precision() -> str:
 def update_tolerance(s: torch.Tensor, v: torch.Tensor, precision: str) -> torch.Tensor:
     """Elementwise bound (BLOCK_M, D) on |acc / l - softmax(s) @ v| for a right update whose ``tl.dot(p, v)`` runs
     in ``precision``: ``FP32_ATOL``, and with "tf32" the cut of both factors of every product p_j v_j to 10
-    mantissa bits, |p_j v_j - tf32(p_j) tf32(v_j)| <= (2u + u^2) p_j |v_j| with u = 2^-10 (truncation, the
-    default of Triton's "tf32"; rounding to nearest would halve u), summed and divided by l:
+    mantissa bits, |p_j v_j - tf32(p_j) tf32(v_j)| <= (2u + u^2) p_j |v_j| with u = 2^-10 (the bound of a
+    cut; rounding to nearest would halve u), summed and divided by l:
     (2u + u^2) * (softmax(s) @ |v|). s in natural units, -inf where masked."""
     bound = torch.full((s.shape[0], v.shape[1]), FP32_ATOL, dtype=torch.float64)
     if precision == "tf32":
@@ -188,11 +188,13 @@ def check_window_update(fn) -> None:
         big = s * 40.0                                 # scores up to about +-200: exp2() overflows without the max
         got_big = _run_update(fn, big * LOG2_E, v)
         if not torch.isfinite(got_big).all():
-            raise ExerciseError("right for small scores, but inf/NaN for large ones: subtract the running max "
-                                "before exponentiating, p = exp2(s - m_new[:, None])")
+            raise ExerciseError("right for small scores, but inf/NaN for large ones: exp2 overflows, so the "
+                                "scores were not shifted by the running max before exponentiating (subtract the "
+                                "running max)")
         want_big = torch.softmax(_masked(big, keep), dim=-1) @ v
         if not _within(got_big, want_big, update_tolerance(_masked(big, keep), v, precision)):
-            raise ExerciseError("wrong for large scores: use the running max m_new = max(m_i, rowmax(s))")
+            raise ExerciseError("wrong for large scores: the max you shift by is not the running max over every "
+                                "key seen so far (the earlier blocks' and this block's)")
         products = "TF32 products (10-bit mantissa)" if precision == "tf32" else "float32 products"
         return passed(f"acc / l == softmax(masked s) @ v within the bound of tl.dot's {products}, for a window of "
                       f"{WINDOW} streamed 16 keys at a time, rows that see nothing of a block included")
@@ -201,32 +203,32 @@ def check_window_update(fn) -> None:
     if bad.any():
         if torch.equal(bad, late):
             raise ExerciseError("NaN in exactly the rows that see no key of the first block (queries "
-                                f"{Q0 + int(late.nonzero()[0])} ... {Q0 + BLOCK_M - 1}): there m_new = -inf, and "
-                                "exp2(-inf - (-inf)) is NaN. Subtract 0 where m_new is -inf: "
-                                "m_safe = tl.where(m_new == float('-inf'), 0.0, m_new)")
-        raise ExerciseError("the output has inf or NaN: is the rescale factor exp2(m_i - m_new) (<= 1), with "
-                            "m_new = max(m_i, rowmax(masked s)), and -inf guarded in rows that have seen no key yet?")
+                                f"{Q0 + int(late.nonzero()[0])} ... {Q0 + BLOCK_M - 1}): there the running max is still "
+                                "-inf, and -inf - (-inf) is NaN. Such a row must come out of the step with nothing "
+                                "added, not NaN: guard that case")
+        raise ExerciseError("the output has inf or NaN: check the rescale factor (it can never exceed 1) and the "
+                            "rows that have seen no key yet")
     slips = [
         (torch.softmax(_masked(s * LOG2_E, keep), dim=-1) @ v,
          "you used tl.exp on scores in base 2: they are already times log2(e), so take tl.exp2"),
         (torch.softmax(_masked(s, window_keep(below=N_KEYS)), dim=-1) @ v,
          "the window's left edge is missing (this is the causal mask): query i sees only keys j > i - window"),
-        (torch.softmax(s, dim=-1) @ v, "no mask: set s to -inf where i - window < j <= i fails"),
+        (torch.softmax(s, dim=-1) @ v, "no mask: every key of every block counts, the window is never applied"),
         (torch.softmax(_masked(s, window_keep(below=WINDOW)), dim=-1) @ v,
          "off by one at the window's left edge: query i sees `window` keys, j > i - window (not >=)"),
         (torch.softmax(_masked(s, window_keep(below=WINDOW - 2)), dim=-1) @ v,
          "off by one at the window's left edge: query i sees `window` keys, i - window < j, itself included"),
         (torch.softmax(_masked(s, window_keep(causal_edge=-1)), dim=-1) @ v,
          "a query must see itself: keep j <= i, not j < i"),
-        (_stream(s, v, keep, rescale_acc=False), "acc is not rescaled: acc_new = acc * alpha[:, None] + tl.dot(p, v)"),
-        (_stream(s, v, keep, rescale_l=False), "l is not rescaled: l_new = l_i * alpha + tl.sum(p, 1)"),
+        (_stream(s, v, keep, rescale_acc=False), "acc is not rescaled when the running max rises"),
+        (_stream(s, v, keep, rescale_l=False), "l is not rescaled when the running max rises"),
     ]
     for ref, message in slips:
         if torch.isfinite(ref).all() and _within(got, ref, update_tolerance(_masked(s, keep), v, precision) + 1e-4):
             raise ExerciseError(message)
-    raise ExerciseError("acc / l differs from softmax(masked s) @ v: s = where(i - window < j <= i, s, -inf), "
-                        "m_new = max(m_i, rowmax(s)), m_safe = 0 where m_new is -inf, alpha = exp2(m_i - m_safe), "
-                        "p = exp2(s - m_safe[:, None]), l_new = l_i * alpha + rowsum(p), acc_new = acc * alpha + p @ v")
+    raise ExerciseError("acc / l differs from softmax(masked s) @ v, and by none of the mistakes this checker "
+                        "knows: compare your step with attn_fwd_inner's, piece by piece (the mask, the new max, "
+                        "the guard, the rescale, the sums)")
 
 
 # ------------------------------------------------------------------ the sliding-window loop bounds
@@ -282,8 +284,7 @@ def check_window_bounds(fn) -> None:
                                     "multiples of block_n (the loops step through whole key blocks)")
             if start <= lo <= hi and hi > end:
                 raise ExerciseError(f"unmasked_end = {hi} at {where} runs past end = {end}: the unmasked stage loads "
-                                    f"whole key blocks without the mask, so it stops at the last whole block inside "
-                                    f"S: unmasked_end <= floor(S / block_n) * block_n = {S // bn * bn}")
+                                    f"whole key blocks without the mask, so it must stop at a whole block inside S")
             if not start <= lo <= hi <= end:
                 raise ExerciseError(f"{(start, lo, hi, end)} at {where}: the three stages must follow each other, "
                                     "start <= unmasked_start <= unmasked_end <= end")
@@ -292,37 +293,32 @@ def check_window_bounds(fn) -> None:
             first_key, last_key = max(0, q0 - w + 1), min(S, q0 + bm) - 1    # keys some query of the block sees
             loaded = set(range(start, end, bn))
             if seen[0] < start:
-                raise ExerciseError(f"start = {start} at {where} skips keys query {q0} sees (from {first_key}): "
-                                    f"start at the block holding key max(0, q0 - window + 1), floor((q0 - window + "
-                                    f"1) / block_n) * block_n = {seen[0]}")
+                raise ExerciseError(f"start = {start} at {where} skips keys query {q0} sees (from key {first_key} on)")
             if end <= last_key:
                 raise ExerciseError(f"end = {end} at {where} stops before key {last_key}, the last one query "
-                                    f"{min(S - 1, q0 + bm - 1)} sees: end = min(S, q0 + block_m)")
+                                    f"{min(S - 1, q0 + bm - 1)} sees")
             for k0 in sorted(loaded):
                 if k0 >= S:
-                    raise ExerciseError(f"end = {end} at {where} loads key block {k0}, past S: end = min(S, q0 + "
-                                        "block_m)")
+                    raise ExerciseError(f"end = {end} at {where} loads key block {k0}, past S (the last key is "
+                                        f"{S - 1})")
                 if dict(counts)[k0] == 0:
                     side = "after the block's last query" if k0 > q0 else "before the window of its first query"
                     raise ExerciseError(f"at {where} the loop loads key block [{k0}, {k0 + bn}), which no query of "
-                                        f"the block sees (it lies {side}): start = floor(max(0, q0 - window + 1) / "
-                                        "block_n) * block_n, end = min(S, q0 + block_m)")
+                                        f"the block sees (it lies {side})")
             full = [k0 for k0, c in counts if c == bm * bn]
             for k0 in range(lo, hi, bn):
                 if k0 not in full:
                     if k0 + bn > S:
-                        why = f"it runs past the last key {S - 1}: unmasked_end <= floor(S / block_n) * block_n"
+                        why = f"it runs past the last key, {S - 1}"
                     elif k0 + bn > q0 + 1:
-                        why = f"it holds keys after query {q0}: unmasked_end = floor((q0 + 1) / block_n) * block_n"
+                        why = f"it holds keys after query {q0}, the block's first"
                     else:
-                        why = (f"query {q0 + bm - 1}'s window starts at {q0 + bm - w}, after key {k0}: "
-                               "unmasked_start = ceil((q0 + block_m - window) / block_n) * block_n")
+                        why = f"query {q0 + bm - 1}'s window starts at {q0 + bm - w}, after key {k0}"
                     raise ExerciseError(f"key block [{k0}, {k0 + bn}) at {where} needs the mask: {why}")
             missed = [k0 for k0 in full if not lo <= k0 < hi]
             if missed:
                 raise ExerciseError(f"at {where} the key block [{missed[0]}, {missed[0] + bn}) is masked but every "
-                                    f"query of the block sees all of it: the unmasked range should be [{full[0]}, "
-                                    f"{full[-1] + bn})")
+                                    f"query of the block sees all of it, so it belongs in the unmasked range")
     return passed("every query block's loop loads exactly the key blocks its window touches, and skips the mask on "
                   "exactly the blocks it sees whole")
 
@@ -364,8 +360,8 @@ def check_copy_grid(copy_grid) -> None:
             raise ExerciseError(f"copy_grid must return a tuple of ints, e.g. (programs,), got {grid!r}")
         if len(grid) != 1 or grid[0] != want:
             hint = " (floor division drops the last, partial block of rows)" if grid[0] == n_rows // block_r else ""
-            raise ExerciseError(f"copy_grid({n_rows}, {block_r}) = {grid}: one program per block of rows needs "
-                                f"(ceil(n_rows / block_r),) = ({want},){hint}")
+            raise ExerciseError(f"copy_grid({n_rows}, {block_r}) = {grid}: that is not one program per block of "
+                                f"{block_r} rows, with {n_rows} rows to cover{hint}")
     return passed("one program per block of rows, the last partial block included: (ceil(n_rows / block_r),)")
 
 
@@ -395,8 +391,8 @@ def check_copy_kernel(copy_rows) -> None:
         cause = err
         while cause.__cause__ is not None:
             cause = cause.__cause__
-        raise ExerciseError(f"the kernel failed: {cause!r}. Build rows = pid * BLOCK_R + tl.arange(0, BLOCK_R) and "
-                            "cols = tl.arange(0, BLOCK_C), then X + rows[:, None] * stride_x + cols[None, :]") from None
+        raise ExerciseError(f"the kernel failed: {cause!r}. Its offsets must be tl.arange blocks and its pointers "
+                            "a (BLOCK_R, BLOCK_C) block built from them") from None
     x_full, y_full = x_full.cpu(), y_full.cpu()
     x, y = x_full[:COPY_ROWS, :COPY_COLS], y_full[:COPY_ROWS, :COPY_COLS]
     margin = y_full.clone()
@@ -408,18 +404,17 @@ def check_copy_kernel(copy_rows) -> None:
             raise ExerciseError("your kernel wrote row n_rows or column n_cols, one past the edge: the mask must be "
                                 "rows < n_rows and cols < n_cols (< where you wrote <=)")
         raise ExerciseError(f"your kernel wrote outside the {COPY_ROWS} x {COPY_COLS} matrix (up to row "
-                            f"{int(rows.max())}, column {int(cols.max())}): mask both loads and stores with "
-                            "(rows[:, None] < n_rows) & (cols[None, :] < n_cols)")
+                            f"{int(rows.max())}, column {int(cols.max())}): the load and the store need a mask, for the "
+                            "rows and for the columns")
     if torch.equal(y, x):
         return passed("copied a 37 x 20 window with strides 48 and 40, blocks of 16 x 32, and nothing outside it")
     flat = x_full.reshape(-1)
     index = torch.arange(COPY_ROWS)[:, None] * COPY_COLS + torch.arange(COPY_COLS)[None, :]
     if torch.equal(y, flat[index]):
-        raise ExerciseError("the rows of x were read n_cols apart: x's rows lie stride_x elements apart "
-                            "(X + rows[:, None] * stride_x + cols[None, :])")
+        raise ExerciseError("the rows of x were read n_cols apart, but x's rows lie stride_x elements apart")
     if (y == -1).any():
-        raise ExerciseError("some elements of y were never written: check the store's pointers, "
-                            "Y + rows[:, None] * stride_y + cols[None, :], and that its mask matches the load's")
-    raise ExerciseError("y differs from x: load X + rows[:, None] * stride_x + cols[None, :] and store to "
-                        "Y + rows[:, None] * stride_y + cols[None, :], both with the mask")
+        raise ExerciseError("some elements of y were never written: check the store's pointers (y's own row "
+                            "stride) and that its mask matches the load's")
+    raise ExerciseError("y differs from x: check the load's and the store's pointers, each matrix with its own "
+                        "row stride")
 

@@ -101,6 +101,15 @@ def test_counting():
                                       + EXERCISE_MINUTES + 25)
 
 
+def test_a_printed_listing_is_read_as_code():
+    """A cell tagged ``listing`` prints source the learner reads: its printed lines count as code lines."""
+    listing = nbformat.v4.new_code_cell("print(source)", metadata={"tags": ["listing"]})
+    listing.outputs = [nbformat.v4.new_output("stream", name="stdout", text="def f(x):\n\n    return x\n")]
+    plain = nbformat.v4.new_code_cell("print(source)")
+    plain.outputs = listing.outputs
+    assert estimate_cells([listing]).code_lines == 1 + 2 and estimate_cells([plain]).code_lines == 1
+
+
 def test_stated_rounds_and_parses_back():
     assert [stated(m) for m in (0.2, 3.3, 9.6, 52, 112, 117, 118, 143, 165, 1500)] == [
         "about 1 minute", "about 3 minutes", "about 10 minutes", "about 50 minutes", "about 110 minutes",

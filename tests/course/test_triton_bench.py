@@ -41,3 +41,26 @@ def test_summarize_reads_the_goal_off_the_records():
 
 def test_time_ms_on_a_cpu_is_bench_time_fn():
     assert triton_bench.time_ms(lambda: torch.ones(4).sum(), "cpu", budget_s=0.01) > 0
+
+
+@pytest.mark.parametrize("name, cc, dtype, peak", [
+    ("Tesla T4", (7, 5), torch.float16, 8.1),          # tl.dot on FMA there: the FP32 peak, not 65 (fp16 tensor cores)
+    ("NVIDIA A100-SXM4-80GB", (8, 0), torch.bfloat16, 312.0),
+    ("NVIDIA H200", (9, 0), torch.bfloat16, 989.4),
+])
+def test_the_kernels_share_of_peak_is_against_the_instruction_it_runs_on(monkeypatch, name, cc, dtype, peak):
+    """With torch reporting a T4, an A100 or an H200: the kernel's peak is its instruction's (FMA below sm_80),
+    SDPA's stays the dtype's tensor-core peak."""
+    from types import SimpleNamespace
+
+    from selfattn_lite.course import bench
+
+    props = SimpleNamespace(name=name, major=cc[0], minor=cc[1], shared_memory_per_block_optin=65_536,
+                            multi_processor_count=40, regs_per_multiprocessor=65_536)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: props)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    assert triton_bench.kernel_peak_tflops("cuda", dtype) == pytest.approx(peak)
+    if cc < (8, 0):
+        assert bench.peak_tflops("cuda", dtype) == pytest.approx(65.0)
+    assert triton_bench.kernel_peak_tflops("cpu", dtype) is None

@@ -1,6 +1,7 @@
 """Checkers of notebook 15: right answers pass, planted mistakes are named, stubs are 'not attempted'."""
 
 import os
+import re
 
 import pytest
 import torch
@@ -101,6 +102,10 @@ def two_values(m_i, l_i, acc, s, v, rows, keys, window):
     return m_i, l_i
 
 
+# A message names the mistake; it does not hand over the formula that fixes it.
+ANSWER = re.compile(r"floor\(|ceil\(|min\(S|max\(0|m_safe|tl\.where\(|alpha\[|rows\[:, None\] \*|exp2\(s -")
+
+
 needs_triton = pytest.mark.skipif(not ta.available() and not os.environ.get("CI"), reason="Triton is not installed (Linux-only extra `triton`)")
 
 
@@ -117,8 +122,9 @@ needs_triton = pytest.mark.skipif(not ta.available() and not os.environ.get("CI"
     (two_values, "three values"),
 ])
 def test_window_update_mistakes_are_named(fn, message):
-    with pytest.raises(ExerciseError, match=message):
+    with pytest.raises(ExerciseError, match=message) as err:
         check.check_window_update(fn)
+    assert not ANSWER.search(str(err.value)), f"the message gives the answer away: {err.value}"
 
 
 def test_window_update_inputs_have_rows_that_see_nothing_of_a_block():
@@ -202,8 +208,9 @@ def test_the_s_clamp_binds_only_on_query_blocks_past_the_last_key():
     (lambda q0, bm, bn, S, w: good_bounds(q0, bm, bn, S, w)[:3], "four offsets"),
 ])
 def test_window_bounds_mistakes_are_named(fn, message):
-    with pytest.raises(ExerciseError, match=message):
+    with pytest.raises(ExerciseError, match=message) as err:
         check.check_window_bounds(fn)
+    assert not ANSWER.search(str(err.value)), f"the message gives the answer away: {err.value}"
 
 
 def test_window_bounds_accept_any_empty_unmasked_stage():
@@ -269,12 +276,13 @@ def good_grid(n_rows, block_r):
 @pytest.mark.parametrize("grid, message", [
     (lambda n, b: (n // b,), "floor division drops the last"),
     (lambda n, b: n // b + 1, "tuple of ints"),
-    (lambda n, b: (n // b + 1,), "ceil"),                       # right for 37 / 16, wrong for 64 / 16
-    (lambda n, b: ((n + b - 1) // b, 1), "ceil"),
+    (lambda n, b: (n // b + 1,), "not one program per block"),  # right for 37 / 16, wrong for 64 / 16
+    (lambda n, b: ((n + b - 1) // b, 1), "not one program per block"),
 ])
 def test_copy_grid_mistakes_are_named(grid, message):
-    with pytest.raises(ExerciseError, match=message):
+    with pytest.raises(ExerciseError, match=message) as err:
         check.check_copy_grid(grid)
+    assert not ANSWER.search(str(err.value)), f"the message gives the answer away: {err.value}"
 
 
 @needs_triton
@@ -284,8 +292,9 @@ def test_copy_grid_mistakes_are_named(grid, message):
     (wrong_stride_copy, "read n_cols apart"),
 ])
 def test_copy_kernel_mistakes_are_named(kernel, message):
-    with pytest.raises(ExerciseError, match=message):
+    with pytest.raises(ExerciseError, match=message) as err:
         check.check_copy_kernel(kernel)
+    assert not ANSWER.search(str(err.value)), f"the message gives the answer away: {err.value}"
 
 
 # ----------------------------------------------------------------------------- right answers and stubs

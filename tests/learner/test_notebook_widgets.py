@@ -1,4 +1,4 @@
-"""The widgets of notebooks 01-10 and 14, driven the way a learner drives them in the notebook.
+"""The widgets of notebooks 01-10, 14 and 15, driven the way a learner drives them in the notebook.
 
 Each notebook builds its widget and shows it; the clicks a learner makes there (a slider moved, a
 dropdown changed, a toggle flipped) are made here, and the claim the notebook's prose makes about
@@ -148,3 +148,17 @@ def test_nb14_ring_widget_last_step_shows_every_needed_score_once():
     assert w.held == [(r - 3) % 4 for r in range(4)]
     assert (w.grid >= 0).sum() == w.L * (w.L + 1) // 2            # every needed score, exactly once
     assert w.work == [34, 34, 34, 34]                              # needed scores: balanced
+
+
+def test_nb15_block_widget_follows_the_block_size_and_the_mask():
+    """Notebook 15's program widget: a larger BLOCK_M means fewer programs and fewer K/V passes; without the
+    causal mask no block needs one."""
+    from selfattn_lite import triton_attention as ta
+
+    widget = viz.TritonBlockWidget(n=1024, block_m=128, block_n=64, D=128, is_causal=True)
+    assert widget.grid == (8, 16) and widget.work["key_blocks"] == 16 and widget.work["masked_blocks"] == 2
+    widget.m_slider.value = 256
+    assert widget.grid == (4, 16) and widget.traffic["kv"] < ta.hbm_bytes(1024, 1024, 128, 128, 64, H=16,
+                                                                           is_causal=True)["kv"]
+    widget.causal.value = False
+    assert widget.work["masked_blocks"] == 0 and widget.work["key_blocks"] == 1024 // 64
