@@ -43,7 +43,8 @@ def timing_worker(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, layout: str,
     timed calls is agreed with ``all_gather_object``, which places the int where the backend wants it.
 
     Returns:
-        {"seconds": median seconds per call, "out": this rank's output shard, "backend": the process
+        {"seconds": median seconds per call, "min" / "max": the fastest and slowest of its samples,
+        "out": this rank's output shard, "backend": the process
         group's backend, "device": the device this rank computed on, "threads": its torch threads}.
     """
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -57,10 +58,10 @@ def timing_worker(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, layout: str,
         counts = [None] * world
         dist.all_gather_object(counts, max(3, int(budget_s / max(_once(q, k, v, is_causal, layout), 1e-6))))
         repeat = min(min(counts), 50)
-        seconds = bench.time_fn(lambda: ring_attention(q, k, v, is_causal=is_causal, layout=layout),
-                                device=q.device, warmup=1, repeat=repeat, number=1)
-    return {"seconds": seconds, "out": out.cpu(), "backend": str(dist.get_backend()), "device": str(where),
-            "threads": torch.get_num_threads()}
+        timing = bench.time_stats(lambda: ring_attention(q, k, v, is_causal=is_causal, layout=layout),
+                                  device=q.device, warmup=1, repeat=repeat, number=1)
+    return {"seconds": timing.median, "min": timing.min, "max": max(timing.samples), "out": out.cpu(),
+            "backend": str(dist.get_backend()), "device": str(where), "threads": torch.get_num_threads()}
 
 
 def memory_worker(q: Tensor, k: Tensor, v: Tensor, method: str = "ring", is_causal: bool = False) -> int:

@@ -169,10 +169,14 @@ def max_sequence_length(n_devices: int, gib_per_device: float, *, d_model: int, 
     * the backward's peak: the gradients of one layer's activations, A more;
     * what attention's parallelism holds beyond that, per token of the device's shard
       (W = 1, and ``single``: nothing):
-      ring: the K/V block in use and the one arriving, on top of the rank's own K/V (in A), 2 d_kv
-      values each at b bytes, and the dK, dV accumulators in use and arriving, 2 d_kv each in float32
-      (``ring_attention`` accumulates them in float32, as zhuzilin's ring-flash-attention does):
-      4 d_kv b + 4 d_kv max(b, 4) bytes;
+      ring, as a ring on FlashAttention kernels holds it in the backward (zhuzilin's
+      ring-flash-attention, ``ring_flash_attn_backward``): the K/V block in use and the one arriving,
+      on top of the rank's own K/V (in A), 2 d_kv values each at b bytes; the one block's gradients
+      the kernel writes (dq, dk, dv: d + 2 d_kv values at b bytes); and the float32 accumulators, dQ
+      (d) and the dK, dV of the block in use and of the one arriving (4 d_kv):
+      4 d_kv b + (d + 2 d_kv) b + (d + 4 d_kv) max(b, 4) bytes. Not this package's ``ring_attention``,
+      which computes in float32 and, for half inputs, also holds float32 copies of q, the output,
+      dO and each K/V block;
       Ulysses: after the all-to-all, q and the output of h/W heads over all L rows (L d / W values
       each, as many as the shard's own) and k, v of R h_kv / W heads *replace* the shard-local tensors
       as what the attention saves (the shard-local q is not needed for the backward): beyond A, only the
@@ -180,14 +184,19 @@ def max_sequence_length(n_devices: int, gib_per_device: float, *, d_model: int, 
       while their all-to-all back fills the shard-layout ones (in A): d + 2 R d_kv more. In all
       d + (4 R - 2) d_kv, R = ``kv_replication``; None when W does not divide the query heads.
 
-    * the LM head (``vocab_size`` V given; None leaves it out, as a chunked or fused linear
+      Left out, for both: the attention kernel's workspace (FlashAttention-2's backward allocates
+      its own float32 dQ accumulator, 4 d bytes per token), the layout copies around an all-to-all,
+      and the allocator's rounding and fragmentation. Where the two strategies differ by less than
+      such terms, the model does not rank them.
+
+    * the LM head (``vocab_size`` n_vocab given; None leaves it out, as a chunked or fused linear
       cross-entropy does, whose logits never exist for all tokens at once): torch's unfused
-      ``F.cross_entropy`` is ``log_softmax`` then ``nll_loss``. ``loss_itemsize`` c is the bytes per
-      value it computes in (None: c = b; Hugging Face's ``ForCausalLMLoss`` calls ``logits.float()``
-      first, c = 4). At its peak, in ``LogSoftmaxBackward``, four (tokens, V) tensors are alive: the
-      b-byte logits (the model's output holds them), the c-byte log-probabilities ``log_softmax``
-      saves (``nll_loss`` saves the same tensor), ``nll_loss``'s dense c-byte gradient of them, and
-      the c-byte gradient of the logits being written: V (b + 3 c) bytes per token (a float32 copy
+      ``F.cross_entropy`` is ``log_softmax`` then ``nll_loss``. ``loss_itemsize`` b_loss is the bytes per
+      value it computes in (None: b_loss = b; Hugging Face's ``ForCausalLMLoss`` calls ``logits.float()``
+      first, b_loss = 4). At its peak, in ``LogSoftmaxBackward``, four (tokens, n_vocab) tensors are alive: the
+      b-byte logits (the model's output holds them), the b_loss-byte log-probabilities ``log_softmax``
+      saves (``nll_loss`` saves the same tensor), ``nll_loss``'s dense b_loss-byte gradient of them, and
+      the b_loss-byte gradient of the logits being written: n_vocab (b + 3 b_loss) bytes per token (a float32 copy
       made by ``.float()`` is not saved, so it is gone by then). That is on top of what the forward
       kept (n_layers * d, or n_layers * A), before the first layer's backward; the peak is the larger
       of the two moments. Measured in notebook 14 with torch's profiler.
@@ -225,8 +234,8 @@ def max_sequence_length(n_devices: int, gib_per_device: float, *, d_model: int, 
     if vocab_size is None:
         loss = 0
     else:                                                               # bytes: what the forward kept + the LM head
-        c = b if loss_itemsize is None else loss_itemsize              # the loss's bytes per value
-        head = vocab_size * (b + 3 * c)                                 # logits, log-probs, two gradients
+        b_loss = b if loss_itemsize is None else loss_itemsize         # the loss's bytes per value
+        head = vocab_size * (b + 3 * b_loss)                            # logits, log-probs, two gradients
         loss = (kept - (layer if checkpoint else 0)) * b + head
     n = n_devices
     step = 2 * n
@@ -240,7 +249,8 @@ def max_sequence_length(n_devices: int, gib_per_device: float, *, d_model: int, 
         copies = None                                                   # the query heads cap the degree
     spread = n > 1                                                      # one device: nothing travels
     per_token = {"single": max(base * b, loss),
-                 "ring": max(base * b + spread * 4 * d_kv * (b + max(b, 4)), loss),
+                 "ring": max(base * b + spread * (4 * d_kv * b + (d_model + 2 * d_kv) * b
+                                                  + (d_model + 4 * d_kv) * max(b, 4)), loss),
                  "ulysses": None if copies is None else
                  max((base + spread * (d_model + (4 * copies - 2) * d_kv)) * b, loss)}
     return {"single": int(budget / per_token["single"]) // 2 * 2, "ring": down(budget * n / per_token["ring"]),

@@ -127,8 +127,8 @@ def attention_worker(cases: list[dict]) -> list:
 
     Returns:
         Per case: {"out", "dq", "dk", "dv" (this rank's shards), "forward" / "backward" (counters:
-        bytes sent by kind, score entries, K/V bytes held at once), "kv_bytes" (bytes of this rank's K/V shard)}
-        or None. (Peak memory is measured by the machinery: ``selfattn_lite.course.distributed_cli.memory_worker``.)
+        bytes sent by kind, score entries, K/V bytes held at once), "kv_bytes" (bytes of this rank's K/V shard),
+        "backend" (the process group's backend, "gloo" or "nccl")} or None. (Peak memory is measured by the machinery: ``selfattn_lite.course.distributed_cli.memory_worker``.)
     """
     groups = {}
     for case in cases:
@@ -151,7 +151,7 @@ def attention_worker(cases: list[dict]) -> list:
         where = device()
         q, k, v = (shard(case[n], rank, world, layout=layout).to(where).requires_grad_(case.get("grad") is not None)
                    for n in ("q", "k", "v"))
-        result = {"kv_bytes": k.nbytes + v.nbytes}
+        result = {"kv_bytes": k.nbytes + v.nbytes, "backend": str(dist.get_backend(group))}
         reset_counters()
         out = METHODS[method](q, k, v, **kwargs)
         result["forward"] = counters.snapshot()

@@ -105,7 +105,7 @@ def _all_to_all(x: Tensor, split_dim: int, cat_dim: int, send_sizes: list[int], 
                 group, name: str) -> Tensor:
     """Send piece j of x (cut along split_dim into send_sizes) to rank j; glue the pieces received
     from every rank along cat_dim (rank j's piece has recv_sizes[j] there). Built from
-    point-to-point sends, which (unlike gloo's all_to_all) allow unequal pieces. The bytes sent count
+    point-to-point sends, which (unlike gloo's list-form all_to_all) allow unequal pieces. The bytes sent count
     under "all_to_all" and, per tensor, under ``name`` ("q", "k", "v", "out"; "dq", ... backward)."""
     rank, world = group_rank_size(group)
     pieces = [p.contiguous() for p in torch.split(x, send_sizes, dim=split_dim)]

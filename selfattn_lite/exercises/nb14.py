@@ -159,7 +159,7 @@ def check_step_work(fn) -> None:
     """``fn(L, world_size, layout) -> work``: work[s][r], the tile scores (query rows x key rows of every tile
     computed, masked entries included) rank r computes at step s of a causal ring, 0 where it skips.
 
-    Checked against the package's tiles (``ring_tiles``, what the gloo processes count) for both layouts, on
+    Checked against the package's tiles (``ring_tiles``, what the launched processes count) for both layouts, on
     lengths that do not divide evenly.
     """
     cases = [(37, 4, "contiguous"), (37, 4, "zigzag"), (29, 3, "zigzag"), (19, 2, "contiguous"),
@@ -304,6 +304,11 @@ def _case_ranks(case: dict, per_rank: list, method: str) -> int:
     return W
 
 
+def _backend(per_rank: list) -> str:
+    """The backend the launched processes ran on ("gloo", "nccl"), as ``attention_worker`` reports it."""
+    return str(per_rank[0].get("backend", "launched")) if isinstance(per_rank[0], dict) else "launched"
+
+
 def _per_rank(got, W: int, name: str, shapes: list[tuple]) -> list[torch.Tensor]:
     if not isinstance(got, (list, tuple)) or len(got) != W:
         raise ExerciseError(f"{name} should return a list with one tensor per rank ({W} ranks), got "
@@ -350,7 +355,7 @@ def check_simulated_ulysses(fn, case: dict, per_rank: list) -> None:
                                     "build them from q, k, v with differentiable torch ops (split, cat, narrow), not "
                                     "from detached copies")
         return passed(f"two all-to-alls as reshuffles over {W} virtual ranks: every rank's rows, and the gradients "
-                      "through them, equal the gloo processes' to 1e-10")
+                      f"through them, equal the {W} {_backend(per_rank)} processes' to 1e-10")
     q, k, v = (t.detach() for t in leaves)
     local = [F.scaled_dot_product_attention(*(s[r].detach() for s in shards), is_causal=case["is_causal"])
              for r in range(W)]
@@ -462,7 +467,7 @@ def check_ring_backward(fn, case: dict, per_rank: list) -> None:
     want = [tuple(per_rank[r][n] for n in names) for r in range(W)]
     if matches(want):
         return passed(f"dQ stays home, dK and dV travel with their K/V block and come home after {W} hops: every "
-                      f"rank's gradients equal the {W} gloo processes' to 1e-10")
+                      f"rank's gradients equal the {W} {_backend(per_rank)} processes' to 1e-10")
     is_causal = case["is_causal"]
     dq_ok = all(close(g[0], w[0], atol=1e-10, rtol=1e-10) for g, w in zip(got, want))
     if dq_ok and matches(_reference_ring_backward(*inputs[:6], pos, is_causal, hops=W - 1)):

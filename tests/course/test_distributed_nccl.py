@@ -79,12 +79,14 @@ def test_timing_worker_hands_no_cpu_tensor_to_a_collective(nccl_rank, monkeypatc
         return torch.zeros(q.shape)
     monkeypatch.setattr(distributed_cli, "device", lambda: GPU)
     monkeypatch.setattr(distributed_cli, "ring_attention", ring)
-    monkeypatch.setattr(distributed_cli.bench, "time_fn", lambda *a, **k: 1e-3)
+    monkeypatch.setattr(distributed_cli.bench, "time_stats",
+                        lambda *a, **k: distributed_cli.bench.Timing([1e-3, 2e-3, 3e-3], 1, 1e-3, "cuda"))
     q = torch.randn(1, 2, 8, 4)
     result = distributed_cli.timing_worker(q, q, q, True, "zigzag", 0.01)
     assert got and all(devices == {GPU} for devices in got)        # the shards went to the rank's device
     assert "barrier" in nccl_rank and "all_gather_object" in nccl_rank
     assert result["backend"] == "nccl" and result["device"] == str(GPU)
+    assert (result["min"], result["seconds"], result["max"]) == (1e-3, 2e-3, 3e-3)   # the samples' spread, returned
 
 
 @pytest.mark.parametrize("method", ["ring", "ulysses"])
