@@ -120,13 +120,21 @@ def check_crossover_batch(fn) -> None:
     cache = n_tokens * (layer.kv_lora_rank + layer.qk_rope_head_dim)
     intensity = layer.n_heads * (2 * layer.kv_lora_rank + layer.qk_rope_head_dim) / (
         layer.kv_lora_rank + layer.qk_rope_head_dim)                        # FLOP per cached byte, bf16
+    batch = weights // cache + 1
+    # DeepSeek-V2's MoE layer (config.json: 160 routed and 2 shared experts of 3 x 5120 x 1536, 6 routed a token)
+    experts = 162 * 3 * shape["d_model"] * 1536
+    untouched = 160 * (1 - 6 / 160) ** batch                # expected, were the tokens routed uniformly at random
     return passed(f"weights are read once per step, the cache once per sequence: DeepSeek-V2's attention layer "
                   f"({weights / 1e6:.1f}M weights) at {n_tokens:,} cached tokens ({cache / 1e6:.2f}M values per "
-                  f"sequence) reads more cache than weights from batch {weights // cache + 1} on; at batch 1 the "
+                  f"sequence) reads more cache than weights from batch {batch} on; at batch 1 the "
                   f"weights are {weights / (weights + cache):.0%} of what it reads. Past that batch the bytes are "
                   f"mostly cache, which absorbed attention reads at n_h (2 d_c + d_h^R) / (d_c + d_h^R) = "
-                  f"{intensity:.0f} FLOP/byte in bf16, above an H200's ridge point: at serving batches the absorbed step is "
-                  f"compute-bound (section 1)")
+                  f"{intensity:.0f} FLOP/byte in bf16, above an H200's ridge point at any batch (section 1). "
+                  f"That is the attention layer alone: each of DeepSeek-V2's MoE layers holds {experts / 1e9:.1f}G "
+                  f"expert weights ({experts / weights:.0f} times the attention layer's), and {batch} tokens, 6 "
+                  f"routed experts each, routed at random would leave about {untouched:.0f} "
+                  f"of the 160 untouched: with every expert read, a layer's cache outweighs its weights only from "
+                  f"batch {(weights + experts) // cache + 1:,} on")
 
 
 _DECODE_SHAPES = dict(d_model=24, n_heads=3, kv_lora_rank=16, qk_nope_head_dim=4, qk_rope_head_dim=2, v_head_dim=5)
@@ -193,7 +201,8 @@ def check_absorbed_decode(fn) -> None:
                             f"{want}: {how}. Absorbing means W^UK into the query, attention over c_kv itself, W^UV "
                             "per head on the d_c-wide output, then W^O")
     return passed("W^UK_i^T q^C_i scores the latents, the attention output stays d_c wide until W^UV_i and W^O: "
-                  f"equal to the naive form, at the absorbed form's {want} FLOPs (the naive form: {expanded})")
+                  f"equal to the naive form, at {flops} FLOPs counted in your step (the absorbed form's count: "
+                  f"{want}; the naive form's: {expanded})")
 
 
 def _diagnose_decode(fn, args, got) -> None:
