@@ -448,7 +448,7 @@ def _triton(ctx: Context, D: int) -> dict:
         return triton_attention.flash_attention(q, k, v, is_causal=is_causal)
 
     D = ctx.pick(D, D // 4)
-    from .triton_bench import kernel_peak_tflops   # a T4 runs the kernel's dots on FMA: the FP32 peak there
+    from .triton_bench import kernel_peak_tflops  # a T4 runs the kernel's dots on FMA: the FP32 peak there
 
     result = _kernel_rows(ctx, {"Triton flash_attention": triton_fa}, D=D,
                           notebook=dict(forward="15", backward="11,15"),

@@ -82,7 +82,8 @@ def benchmark(device: torch.device | str = "cuda", *, B: int = 4, H: int = 16, n
     if not ta.available():
         raise ImportError(ta.UNAVAILABLE)
     device = torch.device(device)
-    peaks = {"torch SDPA": bench.peak_tflops(device, dtype), "triton flash_attention": kernel_peak_tflops(device, dtype)}
+    peaks = {"torch SDPA": bench.peak_tflops(device, dtype),
+             "triton flash_attention": kernel_peak_tflops(device, dtype)}
     impls = {"torch SDPA": _sdpa, "triton flash_attention": ta.flash_attention}
     gen = torch.Generator(device="cpu").manual_seed(0)
     records = []
@@ -105,7 +106,8 @@ def benchmark(device: torch.device | str = "cuda", *, B: int = 4, H: int = 16, n
                     for name in impls:
                         tflops = work / (ms[name] / 1e3) / 1e12
                         records.append(dict(n=n, B=B, H=H, D=D, causal=causal, impl=name, ms=ms[name],
-                                            tflops=tflops, peak_share=None if peaks[name] is None else tflops / peaks[name],
+                                            tflops=tflops,
+                                            peak_share=None if peaks[name] is None else tflops / peaks[name],
                                             ratio_vs_sdpa=ms[name] / ms[IMPLS[0]], device=bench.device_name(device),
                                             dtype=str(dtype).replace("torch.", ""), **{"pass": pass_}))
     return records

@@ -128,7 +128,8 @@ def attention_worker(cases: list[dict]) -> list:
     Returns:
         Per case: {"out", "dq", "dk", "dv" (this rank's shards), "forward" / "backward" (counters:
         bytes sent by kind, score entries, K/V bytes held at once), "kv_bytes" (bytes of this rank's K/V shard),
-        "backend" (the process group's backend, "gloo" or "nccl")} or None. (Peak memory is measured by the machinery: ``selfattn_lite.course.distributed_cli.memory_worker``.)
+        "backend" (the process group's backend, "gloo" or "nccl")} or None. (Peak memory is measured by the
+        machinery: ``selfattn_lite.course.distributed_cli.memory_worker``.)
     """
     groups = {}
     for case in cases:

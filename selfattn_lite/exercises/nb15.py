@@ -203,7 +203,8 @@ def check_window_update(fn) -> None:
     if bad.any():
         if torch.equal(bad, late):
             raise ExerciseError("NaN in exactly the rows that see no key of the first block (queries "
-                                f"{Q0 + int(late.nonzero()[0])} ... {Q0 + BLOCK_M - 1}): there the running max is still "
+                                f"{Q0 + int(late.nonzero()[0])} ... {Q0 + BLOCK_M - 1}): there the running max is "
+                                "still "
                                 "-inf, and -inf - (-inf) is NaN. Such a row must come out of the step with nothing "
                                 "added, not NaN: guard that case")
         raise ExerciseError("the output has inf or NaN: check the rescale factor (it can never exceed 1) and the "
@@ -404,7 +405,8 @@ def check_copy_kernel(copy_rows) -> None:
             raise ExerciseError("your kernel wrote row n_rows or column n_cols, one past the edge: the mask must be "
                                 "rows < n_rows and cols < n_cols (< where you wrote <=)")
         raise ExerciseError(f"your kernel wrote outside the {COPY_ROWS} x {COPY_COLS} matrix (up to row "
-                            f"{int(rows.max())}, column {int(cols.max())}): the load and the store need a mask, for the "
+                            f"{int(rows.max())}, column {int(cols.max())}): the load and the store need a mask, "
+                            "for the "
                             "rows and for the columns")
     if torch.equal(y, x):
         return passed("copied a 37 x 20 window with strides 48 and 40, blocks of 16 x 32, and nothing outside it")
