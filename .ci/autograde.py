@@ -39,6 +39,7 @@ PLANTED = {
     "01_scaled_dot_product_attention": [
         ("answer_2", "torch.diag_embed(w) - w[..., :, None] * w[..., None, :]", "torch.diag_embed(w)",
          "only diag(w): the term -w_i w_j is missing"),
+        ("answer_3", "(scale * math.sqrt(dk))", "(scale * dk)", "which is their variance's scale"),
     ],
     "03_masks_and_cross_attention": [
         ("answer_2", "k_pos[None, :] <= q_pos", "k_pos[None, :] < q_pos", "off by one: a token may attend to itself"),

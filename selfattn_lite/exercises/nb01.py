@@ -1,4 +1,5 @@
-"""Checkers for notebook 01: a stable row softmax, softmax's Jacobian, and attention from scratch."""
+"""Checkers for notebook 01: a stable row softmax, softmax's Jacobian, the saturated share predicted from the
+scores' distribution, and attention from scratch."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from . import ExerciseError, NotAttempted, attempt, close, not_attempted, passed
 from . import solution as solution  # the notebooks' guard on their folded solutions
 from . import unanswered as unanswered
 
-__all__ = ["check_softmax", "check_softmax_jacobian", "check_attention"]
+__all__ = ["check_softmax", "check_softmax_jacobian", "check_saturated_share", "check_attention"]
 
 
 @contextmanager
@@ -152,6 +153,77 @@ def check_softmax_jacobian(fn) -> None:
     if not close(got_big, torch.zeros(3, 3)):
         raise ExerciseError("for the saturated row s = [1000, 0, -1000], w is one-hot and J should be all 0")
     return passed("J = diag(w) - w w^T; each row of J sums to 0, and a saturated row's J is 0")
+
+
+def _gaussian_share(std: float, n_keys: int = 16, rows: int = 200_000, seed: int = 7) -> float:
+    """Share of rows of ``n_keys`` scores drawn from N(0, std^2) whose largest softmax weight exceeds 0.99."""
+    s = torch.randn(rows, n_keys, generator=torch.Generator().manual_seed(seed)) * std
+    return (torch.softmax(s, dim=-1).amax(dim=-1) > 0.99).float().mean().item()
+
+
+def _measured_share(dk: int, rows: int = 1024, n_keys: int = 16, seed: int = 0) -> float:
+    """The same share measured the long way: unscaled q . k_j with unit-variance q, k of width dk."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(rows, 1, dk, generator=g)                                  # (rows, 1, dk)
+    k = torch.randn(rows, n_keys, dk, generator=g)                             # (rows, n_keys, dk)
+    s = (q @ k.transpose(-2, -1)).squeeze(1)                                   # (rows, n_keys)
+    return (torch.softmax(s, dim=-1).amax(dim=-1) > 0.99).float().mean().item()
+
+
+def check_saturated_share(fn) -> None:
+    """``fn(dk, scale, n_keys=16, rows=100_000, seed=0)`` must return the share (a number in [0, 1]) of rows whose
+    largest softmax weight exceeds 0.99, for rows of ``n_keys`` scores scale * q . k_j drawn directly from their
+    distribution N(0, scale^2 dk) (q, k with independent unit-variance entries), without forming q or k.
+
+    Checked at dk = 16 ... 1024, unscaled and scaled, against the checker's own draws (tolerance 0.03: sampling
+    noise of 20,000 rows, and the small gap between the fixed std sqrt(dk) and the exact, |q|-dependent one).
+    """
+    try:
+        first = attempt(fn, 64, 1.0, 16, 20_000)
+    except NotAttempted:
+        return not_attempted("saturated_share")
+    if isinstance(first, torch.Tensor):
+        if first.numel() != 1:
+            raise ExerciseError(f"saturated_share returned a tensor of shape {tuple(first.shape)}: return one number, "
+                                "the share of saturated rows (the mean of the per-row test)")
+        first = first.item()
+    if not isinstance(first, (int, float)):
+        raise ExerciseError(f"saturated_share returned {type(first).__name__}: return one number in [0, 1]")
+    if first > 1:
+        raise ExerciseError(f"saturated_share(64, 1.0, rows=20_000) = {first:g} is more than 1: that is a count of "
+                            "rows, return the share (divide by the number of rows, or take the mean)")
+    tolerance = 0.03
+    cases = [(dk, 1.0, "unscaled") for dk in (16, 64, 256, 1024)]          # unscaled first: it tells the std's
+    cases += [(dk, 1 / math.sqrt(dk), "scaled by 1/sqrt(dk)") for dk in (16, 64, 256, 1024)]   # mistakes apart
+    for dk, scale, name in cases:
+        got = float(attempt(fn, dk, scale, 16, 20_000))
+        want = _gaussian_share(scale * math.sqrt(dk))
+        if abs(got - want) <= tolerance:
+            continue
+        where = f"at dk = {dk}, {name}, your share is {got:.3f} where the scores' distribution gives {want:.3f}"
+        if abs(got - _gaussian_share(math.sqrt(dk))) <= tolerance:
+            raise ExerciseError(f"{where}: the scale is ignored; multiply the scores by it (std scale * sqrt(dk))")
+        if abs(got - _gaussian_share(scale * dk)) <= tolerance:
+            raise ExerciseError(f"{where}: your scores have standard deviation scale * dk, which is their "
+                                "variance's scale: Var(q . k) = dk, so the standard deviation is sqrt(dk)")
+        if abs(got - (1 - _gaussian_share(scale * math.sqrt(dk)))) <= tolerance:
+            raise ExerciseError(f"{where}: that is the share of rows that are NOT saturated: count the rows "
+                                "whose largest weight is above 0.99")
+        if float(attempt(fn, 4, 0.5, 16, 1)) == 1:                   # std 1: one row of 16 keys never saturates
+            raise ExerciseError(f"{where}: the softmax ran over the rows (dim=0), not over each row's keys "
+                                "(dim=-1): a single row (rows=1) comes out saturated")
+        if abs(got - _gaussian_share(scale)) <= tolerance:
+            raise ExerciseError(f"{where}: your scores have standard deviation scale, without the sqrt(dk) "
+                                "that d_k unit-variance products add up to (Var(q . k) = dk)")
+        raise ExerciseError(f"{where}: draw (rows, n_keys) scores with standard deviation scale * sqrt(dk), take "
+                            "softmax over each row (dim=-1), and count the rows whose largest weight exceeds 0.99")
+    predicted = float(attempt(fn, 4096, 1.0))
+    measured = _measured_share(4096)
+    if abs(predicted - measured) > 0.05:
+        raise ExerciseError(f"right at dk <= 1024, but at dk = 4096 your share {predicted:.3f} is far from "
+                            f"{measured:.3f}, measured with 1024 rows of real 4096-wide q and k")
+    return passed(f"rows of 16 unscaled scores at dk = 4096: your function predicts {predicted:.0%} saturated, "
+                  f"1024 rows of real 4096-wide q and k give {measured:.0%}; scaled, none")
 
 
 def check_attention(fn) -> None:

@@ -101,6 +101,65 @@ def test_softmax_jacobian_checker_diagnoses(wrong, match):
     assert x.grad is not None
 
 
+def share_with_std(std_of):
+    """A saturated_share whose scores have standard deviation std_of(dk, scale): the planted mistakes' template."""
+    def share(dk, scale, n_keys=16, rows=100_000, seed=0):
+        s = torch.randn(rows, n_keys, generator=torch.Generator().manual_seed(seed)) * std_of(dk, scale)
+        return (torch.softmax(s, -1).amax(-1) > 0.99).float().mean().item()
+    return share
+
+
+good_saturated_share = share_with_std(lambda dk, scale: scale * math.sqrt(dk))
+
+
+def vectors_saturated_share(dk, scale, n_keys=16, rows=100_000, seed=0):
+    """Right too, the long way (fine at the checker's sizes up to dk = 1024): real q and k, |q| not fixed."""
+    g = torch.Generator().manual_seed(seed)
+    rows = min(rows, 4000)
+    q, k = torch.randn(rows, 1, dk, generator=g), torch.randn(rows, n_keys, dk, generator=g)
+    s = (q @ k.transpose(-2, -1)).squeeze(1) * scale
+    return (torch.softmax(s, -1).amax(-1) > 0.99).float().mean()          # a 0-d tensor is accepted
+
+
+RIGHT["saturated_share"] = nb01.check_saturated_share, good_saturated_share
+
+
+def test_saturated_share_accepts_the_long_way(capsys):
+    expect_correct(nb01.check_saturated_share, vectors_saturated_share, capsys)
+
+
+def count_not_share(dk, scale, n_keys=16, rows=100_000, seed=0):
+    return good_saturated_share(dk, scale, n_keys, rows, seed) * rows
+
+
+def unsaturated_share(dk, scale, n_keys=16, rows=100_000, seed=0):
+    return 1 - good_saturated_share(dk, scale, n_keys, rows, seed)
+
+
+def softmax_over_rows(dk, scale, n_keys=16, rows=100_000, seed=0):
+    s = torch.randn(rows, n_keys, generator=torch.Generator().manual_seed(seed)) * (scale * math.sqrt(dk))
+    return (torch.softmax(s, 0).amax(-1) > 0.99).float().mean().item()
+
+
+def per_row(dk, scale, n_keys=16, rows=100_000, seed=0):
+    s = torch.randn(rows, n_keys, generator=torch.Generator().manual_seed(seed)) * (scale * math.sqrt(dk))
+    return torch.softmax(s, -1).amax(-1) > 0.99
+
+
+@pytest.mark.parametrize("wrong, match", [
+    (share_with_std(lambda dk, scale: scale * dk), "variance"),              # std = dk, not sqrt(dk)
+    (share_with_std(lambda dk, scale: scale), "without the sqrt"),           # the sum's growth forgotten
+    (share_with_std(lambda dk, scale: math.sqrt(dk)), "scale is ignored"),
+    (unsaturated_share, "NOT saturated"),
+    (count_not_share, "count of rows"),
+    (per_row, "one number"),
+    (softmax_over_rows, "dim=-1"),
+])
+def test_saturated_share_checker_diagnoses(wrong, match):
+    with pytest.raises(ExerciseError, match=match):
+        nb01.check_saturated_share(wrong)
+
+
 def unscaled(q, k, v, mask=None):
     w = torch.softmax(q @ k.transpose(-2, -1), -1)
     return w @ v, w
