@@ -17,7 +17,7 @@ from collections.abc import Callable
 import torch
 
 __all__ = ["ExerciseError", "NotAttempted", "attempt", "passed", "close", "not_attempted", "graded", "names_used",
-           "is_stub", "solution", "unanswered"]
+           "is_stub", "solution", "solution_ran", "unanswered"]
 
 _GRADING = False   # True while ``graded`` runs a checker: a stub then fails instead of printing
 
@@ -85,6 +85,12 @@ def is_stub(fn) -> bool:
     return False
 
 
+def solution_ran(why: str) -> str:
+    """What a folded solution prints when it runs: the check below it then checks the course's answer."""
+    return (f"The course's solution ran here ({why}): the check below checks it. "
+            "Write yours above, run it and the check.")
+
+
 def solution(fn: Callable) -> Callable:
     """Decorator of a notebook's folded solution: it defines ``fn`` only while the learner's function of that
     name is still the stub (or absent), so "Run All" checks the learner's answer, not the course's.
@@ -94,6 +100,7 @@ def solution(fn: Callable) -> Callable:
     """
     current = sys._getframe(1).f_globals.get(fn.__name__)
     if current is None or is_stub(current):
+        print(solution_ran(f"`{fn.__name__}` above is still the stub"))
         return fn
     print(f"Your `{fn.__name__}` above is kept: this cell's solution was not run (unfold the cell to read it).")
     return current
@@ -106,6 +113,8 @@ def unanswered(*answers) -> bool:
             grad_q = ...
     """
     if all(answer is None for answer in answers):
+        print(solution_ran("the answer above is still None" if len(answers) == 1 else
+                           "the answers above are still None"))
         return True
     print("Your answer above is kept: this cell's solution was not run (unfold the cell to read it).")
     return False

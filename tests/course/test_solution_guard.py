@@ -50,9 +50,10 @@ def test_the_solution_runs_over_a_stub_and_keeps_an_answer(capsys):
     stub = "def f(x):\n    raise NotImplementedError"
     solution = "@check.solution  # keeps your answer above if you wrote one\ndef f(x):\n    return 'course'"
     assert run(stub, solution)["f"](0) == "course"
-    assert capsys.readouterr().out == ""                              # over the stub: silent
+    said = capsys.readouterr().out                                    # over the stub: says whose answer is checked
+    assert said == exercises.solution_ran("`f` above is still the stub") + "\n" and "course's solution" in said
     assert run(stub, "def f(x):\n    return 'mine'", solution)["f"](0) == "mine"
-    assert "Your `f` above is kept" in capsys.readouterr().out
+    assert capsys.readouterr().out.startswith("Your `f` above is kept")
     assert run(solution)["f"](0) == "course"                          # the stub cell skipped: the solution
 
 
@@ -60,6 +61,7 @@ def test_a_value_solution_runs_only_while_the_answers_are_none(capsys):
     stub = "a = None\nb = None"
     solution = "if check.unanswered(a, b):  # keeps your answers above if you wrote them\n    a, b = 1, 2"
     assert (run(stub, solution)["a"], run(stub, solution)["b"]) == (1, 2)
+    assert "the answers above are still None" in capsys.readouterr().out
     ns = run(stub, "a, b = 5, 6", solution)
     assert (ns["a"], ns["b"]) == (5, 6) and "kept" in capsys.readouterr().out
 
