@@ -270,31 +270,56 @@ def test_scale_for_weight_checker_diagnoses(wrong, match):
         nb02.check_scale_for_weight(wrong)
 
 
-def query_gradient_parts():
-    """(g, w): the gradient of out_2 on the scaled scores and the weights, for q = [1, 0] at scale 1."""
-    w = torch.softmax(nb02.KEYS @ torch.tensor([1.0, 0.0]) / math.sqrt(2), -1)
-    return w * (nb02.VALUES[:, 1] - w @ nb02.VALUES[:, 1]), w
+INV_SQRT2 = 1 / math.sqrt(2)
 
 
-def test_query_gradient_checker(capsys):
-    g, w = query_gradient_parts()
-    right = g @ nb02.KEYS / math.sqrt(2)
-    out = expect_correct(nb02.check_query_gradient, right, capsys)
-    assert "towards k_2" in out
+def query_gradient_parts(q, coord=1, scale=INV_SQRT2):
+    """(g, w): the gradient of the output's coordinate `coord` on the scaled scores, and the weights, for query q."""
+    w = torch.softmax(nb02.KEYS @ q * scale, -1)
+    return w * (nb02.VALUES[:, coord] - w @ nb02.VALUES[:, coord]), w
+
+
+def good_query_gradient(q):
+    g, _ = query_gradient_parts(q)
+    return g @ nb02.KEYS / math.sqrt(2)
+
+
+def autograd_query_gradient(q):
+    q = q.clone().requires_grad_()
+    (torch.softmax(nb02.KEYS @ q / math.sqrt(2), -1) @ nb02.VALUES)[1].backward()
+    return q.grad
+
+
+RIGHT["query_gradient"] = nb02.check_query_gradient, good_query_gradient
+RIGHT["query_gradient (autograd)"] = nb02.check_query_gradient, autograd_query_gradient
+RIGHT["query_gradient (a list)"] = nb02.check_query_gradient, lambda q: good_query_gradient(q).tolist()
+
+
+def test_query_gradient_checker_says_what_the_gradient_does(capsys):
+    out = expect_correct(nb02.check_query_gradient, good_query_gradient, capsys)
+    assert "towards k_2" in out and "along k_3 - k_1" in out and "passes almost nothing" in out
     expect_not_attempted(nb02.check_query_gradient, None, capsys)
-    planted = [
-        (-right, "sign is flipped"),
-        (g @ nb02.KEYS, "forgot the 1/sqrt"),
-        (g @ nb02.KEYS * math.sqrt(2), "multiplied by sqrt"),
-        (g @ nb02.VALUES / math.sqrt(2), "not the value"),
-        (w @ nb02.KEYS / math.sqrt(2), "attention weights"),
-        (torch.zeros(2), "sum_j g_j k_j"),
-    ]
-    for wrong, match in planted:
-        with pytest.raises(ExerciseError, match=match):
-            nb02.check_query_gradient(wrong)
-    with pytest.raises(ExerciseError, match=r"shape \(2,\)"):
-        nb02.check_query_gradient(right[None])
+
+
+AT_START = good_query_gradient(torch.tensor([1.0, 0.0]))
+
+
+@pytest.mark.parametrize("wrong, match", [
+    (lambda q: -good_query_gradient(q), "sign is flipped"),
+    (lambda q: query_gradient_parts(q)[0] @ nb02.KEYS, "forgot the 1/sqrt"),
+    (lambda q: query_gradient_parts(q)[0] @ nb02.KEYS * math.sqrt(2), "multiplied by sqrt"),
+    (lambda q: query_gradient_parts(q)[0] @ nb02.VALUES / math.sqrt(2), "not the value"),
+    (lambda q: query_gradient_parts(q)[1] @ nb02.KEYS / math.sqrt(2), "attention weights"),
+    (lambda q: query_gradient_parts(q, coord=0)[0] @ nb02.KEYS / math.sqrt(2), "o_x"),
+    (lambda q: query_gradient_parts(q, scale=1.0)[0] @ nb02.KEYS / math.sqrt(2), "unscaled scores"),
+    (lambda q: AT_START, r"right at \[1, 0\] only"),                    # the scale-1 answer for every query
+    (lambda q: torch.zeros(2), "chain rule"),
+    (lambda q: good_query_gradient(q)[None], r"shape \(2,\)"),
+    (good_query_gradient(torch.tensor([1.0, 0.0])), "pass your function"),
+])
+def test_query_gradient_checker_diagnoses(wrong, match):
+    with pytest.raises(ExerciseError, match=match):
+        nb02.check_query_gradient(wrong)
 
 
 test_right_and_not_attempted = right_and_not_attempted_test(RIGHT, stub)
