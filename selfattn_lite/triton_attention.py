@@ -514,7 +514,8 @@ def _kernels():
 
 def _block(name: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 16 or value & (value - 1):
-        raise ValueError(f"{name} must be a power of 2 >= 16 (tl.arange and tl.dot need it), got {value!r}")
+        raise ValueError(f"{name} must be a power of 2 (tl.arange needs it) >= 16 (tl.dot sums over at least 16, "
+                         f"and every block size is the summed dimension of some product), got {value!r}")
     return value
 
 
@@ -596,8 +597,8 @@ def program_grid(B: int, H: int, L: int, block_m: int) -> tuple[int, int]:
 
 def launch_grid(B: int, H: int, L: int, block_m: int) -> tuple[int]:
     """The one-dimensional launch grid: ceil(L / block_m) * B * H programs; program pid takes query block
-    pid % ceil(L / block_m) of head pid // ceil(L / block_m), so one head's programs run side by side
-    (they share its K and V in the L2 cache).
+    pid % ceil(L / block_m) of head pid // ceil(L / block_m), so one head's programs sit next to each other
+    and are likely to run side by side, sharing its K and V in the L2 cache (CUDA promises no order).
 
     Taught in notebook 15, "From notebook 08's loop to a grid of programs".
     """

@@ -18,7 +18,8 @@ addresses and masks of its elements), or, on Hopper (sm_90) in bfloat16/float16,
 descriptor: one request to Hopper's Tensor Memory Accelerator (TMA), the hardware unit that moves whole
 tiles between global and shared memory, copies the tile and zero-fills what lies past the tensor's edge.
 The interpreter runs both. ``D`` is the head dimension everywhere; the backward's row sums rowsum(dO * O)
-are ``delta`` (``DELTA``), FlashAttention-2's name.
+are ``delta`` (``DELTA``), as in Triton's fused-attention tutorial (FlashAttention-2 calls them D, which here
+is the head dimension).
 
 Two ways to get dQ (constexpr ``ATOMIC_DQ`` of the dK/dV kernel): a second kernel that walks the key
 blocks again for each query block (``attn_bwd_dq_kernel``: 4 + 3 = 7 matmuls per tile pair), or, as

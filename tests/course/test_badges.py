@@ -81,6 +81,15 @@ def test_setup_cell_fetches_and_installs_the_course_in_colab(monkeypatch):
     assert calls[2] == ("chdir", f"{badges.COLAB_DIR}/notebooks")
 
 
+def test_notebook_15_installs_the_triton_it_requires_on_colab():
+    """Colab ships a Triton of its own; notebook 15's kernels need the release pyproject's `triton` extra asks for."""
+    setup = badges._colab_setup("15_flashattention_in_triton.ipynb")
+    assert f'"{badges.COLAB_DIR}[explore,triton]"' in setup and "[explore]" not in setup
+    assert badges._colab_setup("08_efficient_attention.ipynb") == badges.COLAB_SETUP
+    nb = badges.add_badges(_notebook(), "15_x.ipynb")
+    assert nb.cells[1].source == setup and badges.has_badges(nb, "15_x.ipynb")
+
+
 def test_setup_cell_run_again_in_colab_only_changes_folder(monkeypatch):
     assert _run_setup_cell(monkeypatch, in_colab=True, cloned=True) == [("chdir", f"{badges.COLAB_DIR}/notebooks")]
 
