@@ -35,9 +35,11 @@ course machinery (``selfattn_lite.course.triton_bench``).
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import importlib.util
 import math
 import os
+import re
 
 import torch
 from torch import Tensor
@@ -45,7 +47,21 @@ from torch import Tensor
 from ._checks import check_bool, check_choice, check_int, check_positive_int, is_int, shape_str
 from .efficient import LOG2_E
 
-HAVE_TRITON = importlib.util.find_spec("triton") is not None   # False on macOS, Windows: no Triton wheel
+TRITON_MIN = (3, 6)                     # pyproject's triton>=3.6: the oldest release the kernels are tested under
+
+
+def _triton_release_ok() -> bool:
+    """Triton installed (no wheel on macOS, Windows) and not older than TRITON_MIN, read without importing it."""
+    if importlib.util.find_spec("triton") is None:
+        return False
+    try:
+        release = importlib.metadata.version("triton")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return tuple(int(x) for x in re.findall(r"\d+", release)[:2]) >= TRITON_MIN
+
+
+HAVE_TRITON = _triton_release_ok()
 
 __all__ = [
     "HAVE_TRITON",
@@ -89,7 +105,7 @@ __all__ = [
     "flash_attention",
 ]
 
-UNAVAILABLE = ("Triton is not installed: it ships for Linux only (pip install -e '.[triton]'). "
+UNAVAILABLE = ("Triton is not installed, or older than 3.6: it ships for Linux only (pip install -e '.[triton]'). "
                "The Triton kernel cannot run here; the rest of the course does not need it.")
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 128

@@ -9,7 +9,8 @@ puts, idempotently, into each ``NN_*.ipynb``:
 * a second cell, a code cell tagged ``colab-setup``, that sets ``OMP_WAIT_POLICY=PASSIVE`` before
   torch is imported (whatever started the kernel: make, conda, Binder, Colab) and installs the
   course package when the notebook runs in Google Colab (with the extras ``COLAB_EXTRAS`` adds for that
-  notebook, Triton for notebook 15); it prints nothing;
+  notebook: none, so Colab keeps the torch and Triton it ships; notebook 15 checks its Triton's release and
+  runs without the kernel when it is older than the course's minimum); it prints nothing;
 * every exercise's solution cell (tagged ``solution``) collapsed (``metadata.jupyter.source_hidden``):
   JupyterLab (and so Binder) opens it folded under its stub, so a learner sees the exercise, not
   its answer, until they click it open (``make student`` removes the solutions altogether).
@@ -49,7 +50,7 @@ COLAB_DIR = "/content/selfattn-course"
 # work from notebooks/ as in the repository. Elsewhere that branch does not run.
 # Extras beyond [explore] that a notebook's Colab install adds: notebook 15 needs the Triton the package requires
 # (`triton>=3.6`, pyproject's `triton` extra), not whichever one Colab ships.
-COLAB_EXTRAS = {"15": "explore,triton"}
+COLAB_EXTRAS: dict[str, str] = {}   # notebook number -> extras; none: Colab keeps its own torch and Triton
 
 COLAB_SETUP = f'''import os
 import sys

@@ -623,3 +623,16 @@ def test_bfloat16_needs_sm80(monkeypatch):
         ta.forward(q, q, q)
     with pytest.raises(ValueError, match="bfloat16 needs"):
         ta.backward(q, q, q, q, torch.zeros(1, 1, 8), q)
+
+
+def test_a_triton_older_than_the_minimum_counts_as_unavailable(monkeypatch):
+    """Colab keeps the Triton its torch ships: one older than pyproject's minimum must not be used."""
+    import importlib.metadata
+    import importlib.util
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())
+    for release, ok in (("3.5.1", False), ("3.6.0", True), ("3.10.0", True), ("2.3.1", False), ("4.0.0+git", True)):
+        monkeypatch.setattr(importlib.metadata, "version", lambda name, r=release: r)
+        assert ta._triton_release_ok() is ok, release
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    assert not ta._triton_release_ok()
