@@ -37,7 +37,7 @@ def _refuse_package(fn, forbidden: tuple[str, ...], what: str) -> None:
 
 def _offset_map_ref(k: int, d: int, *, sign: float = 1.0, pair_exponent: float = 2.0,
                     half_split: bool = False) -> torch.Tensor:
-    """M_k with PE[m + k] = M_k @ PE[m] (float64), with one of the usual mistakes switched on."""
+    """M_k with PE[m + k] = M_k @ PE[m] for the offset k (float64), with one of the usual mistakes switched on."""
     i = torch.arange(d // 2, dtype=torch.float64)
     b = sign * k * 10000.0 ** (-pair_exponent * i / d)                      # (d/2,) angle added to pair i
     M = torch.zeros(d, d, dtype=torch.float64)
@@ -48,7 +48,7 @@ def _offset_map_ref(k: int, d: int, *, sign: float = 1.0, pair_exponent: float =
 
 
 def check_offset_map(fn) -> None:
-    """``fn(k, d_model)`` must return the (d_model, d_model) matrix M_k with PE[m + k] = M_k @ PE[m] for every m."""
+    """``fn(delta, d_model)`` must return the (d_model, d_model) matrix M_delta with PE[m + delta] = M_delta @ PE[m]."""
     d = 16
     try:
         got = attempt(fn, 3, d)
@@ -62,12 +62,13 @@ def check_offset_map(fn) -> None:
         raise ExerciseError("M_3 @ PE[m] gives PE[m - 3]: the map turns each pair backwards (you have M_-3, "
                             "the transpose of M_3); check the signs of the sin b entries")
     if close(got, _offset_map_ref(3, d, pair_exponent=1.0)):
-        raise ExerciseError("the angles are off: pair i turns by k * 10000^(-2i/d_model), you used 10000^(-i/d_model)")
+        raise ExerciseError("the angles are off: pair i turns by delta * 10000^(-2i/d_model), "
+                            "you used 10000^(-i/d_model)")
     if close(got, _offset_map_ref(3, d, half_split=True)):
         raise ExerciseError("you coupled column i with column i + d/2 (RoPE's half-split pairs); in PE the sine and "
                             "cosine of one angle are neighbours: columns 2i and 2i + 1")
     if not close(got @ got.T, torch.eye(d, dtype=torch.float64)):
-        raise ExerciseError("M_k is not a rotation (M M^T != I): each 2x2 block must be [[cos b, sin b], "
+        raise ExerciseError("M_delta is not a rotation (M M^T != I): each 2x2 block must be [[cos b, sin b], "
                             "[-sin b, cos b]] with one angle b per pair")
     for k in (3, 1, 10):
         M = require_tensor(f"offset_map({k}, 16)", attempt(fn, k, d), (d, d)).double()
@@ -79,7 +80,8 @@ def check_offset_map(fn) -> None:
     if not close(attempt(fn, 2, 8).double() @ pe[:1, :8].T, sinusoidal_encoding(3, 8).double()[2:].T):
         raise ExerciseError("offset_map(2, 8) does not take PE[0] to PE[2] for d_model = 8: use d_model in the "
                             "frequencies 10000^(-2i/d_model)")
-    return passed("M_k is block-diagonal, one 2x2 rotation by k * omega_i per (sin, cos) pair; PE[m + k] = M_k PE[m]")
+    return passed("M_delta is block-diagonal, one 2x2 rotation by delta * omega_i per (sin, cos) pair; "
+                  "PE[m + delta] = M_delta PE[m]")
 
 
 # --------------------------------------------------------------------------------------
@@ -146,10 +148,10 @@ def check_alibi_slopes(fn) -> None:
     got8 = require_tensor("alibi_slopes_from_scratch(8)", torch.as_tensor(got8, dtype=torch.float32), (8,))
     expected8 = alibi_slopes(8)
     if close(got8, expected8.flip(0)):
-        raise ExerciseError("the slopes are in reverse order: head 1 gets the steepest slope 1/2, head 8 gets 1/256")
+        raise ExerciseError("the slopes are in reverse order: head 0 gets the steepest slope 1/2, head 7 gets 1/256")
     if close(got8, torch.tensor([2.0 ** (-8 * h / 8) for h in range(8)])):
-        raise ExerciseError("off by one: for 8 heads the slopes are 1/2, 1/4, ..., 1/256 (h = 1 .. 8), "
-                            "not 1, 1/2, ..., 1/128")
+        raise ExerciseError("off by one: for 8 heads the slopes are 1/2, 1/4, ..., 1/256 (2^(-8(h+1)/n) for heads "
+                            "h = 0 .. 7), not 1, 1/2, ..., 1/128")
     if not close(got8, expected8):
         raise ExerciseError(f"for 8 heads expected {[round(v, 5) for v in expected8.tolist()]}, "
                             f"got {[round(v, 5) for v in got8.tolist()]}")
@@ -161,8 +163,8 @@ def check_alibi_slopes(fn) -> None:
             continue
         geometric = torch.tensor([2.0 ** (-8 * h / n) for h in range(1, n + 1)])
         if close(got, geometric):
-            raise ExerciseError(f"for n_heads = {n} (not a power of two) the paper does not use 2^(-8h/n): take the "
-                                "slopes of the largest power of two c below n, then every other slope of 2c")
+            raise ExerciseError(f"for n_heads = {n} (not a power of two) the paper does not use 2^(-8(h+1)/n): "
+                                "take the slopes of the largest power of two c below n, then every other slope of 2c")
         c = 2 ** (n.bit_length() - 1)
         first_of_2c = torch.tensor([2.0 ** (-8 * h / c) for h in range(1, c + 1)]
                                    + [2.0 ** (-8 * h / (2 * c)) for h in range(1, n - c + 1)])
