@@ -51,8 +51,9 @@ PLANTED = {
     ],
     "09_common_pitfalls": [
         ("answer_1", "(i - j < window)", "(i - j <= window)", "a window one too wide"),
-        ("answer_2", "attn_mask=keep[:, None, None, :]", "attn_mask=keep.float()[:, None, None, :]",
-         "a float mask read as a boolean one"),
+        ("answer_3", "if not torch.allclose(attn(q2, k2, v2)[:, :t], out[:, :t], atol=1e-6):",
+         "if not torch.allclose(out, F.scaled_dot_product_attention(q, k, v, is_causal=True), atol=1e-6):",
+         "differing from a reference is not a leak"),
         ("answer_4", "/ math.sqrt(q.shape[-1])", "/ math.sqrt(d_model)", "the wrong width in the scale"),
     ],
     "12_context_extension": [

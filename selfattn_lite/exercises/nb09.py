@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..masks import causal_mask
+from ..positions import alibi_bias
 from . import ExerciseError, NotAttempted, attempt, close, not_attempted, passed, require_tensor
 from . import solution as solution  # the notebooks' guard on their folded solutions
 from . import unanswered as unanswered
@@ -225,6 +226,12 @@ def _causal_candidates():
         scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
         return torch.softmax(scores.masked_fill(~causal_mask(T, T), float("-inf")), dim=-1) @ v
 
+    def alibi_causal(q, k, v):                                        # causal, plus ALiBi's distance penalty
+        T = q.shape[-2]
+        bias = alibi_bias(8, T)[0]                                    # (T, T) -(i - j) / 2: the steepest of 8 heads
+        bias = bias.masked_fill(~causal_mask(T, T), float("-inf"))    # -inf on the keys ahead
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+
     def no_mask(q, k, v):
         return F.scaled_dot_product_attention(q, k, v)
 
@@ -239,14 +246,17 @@ def _causal_candidates():
 
     return [("SDPA with is_causal=True", sdpa_causal, False),
             ("a hand-written causal attention", by_hand_causal, False),
+            ("a causal attention with ALiBi's distance bias", alibi_causal, False),
             ("no mask", no_mask, True), ("one_ahead", one_ahead, True), ("queries", softmax_over_queries, True)]
 
 
 def check_leaks_future(fn) -> None:
     """``fn(attn) -> bool``: True when the causal attention ``attn(q, k, v)`` lets an output row see a later token.
 
-    The checker hands ``fn`` two correct causal attentions and three that leak the future (no mask, a mask
-    that also shows the next token, a softmax taken over the queries), and names the one it gets wrong.
+    The checker hands ``fn`` three correct causal attentions (one adds ALiBi's distance bias, so its output
+    differs from SDPA's: comparing with a reference is not the property) and three that leak the future (no
+    mask, a mask that also shows the next token, a softmax taken over the queries), and names the one it gets
+    wrong.
     """
     verdicts = {}
     for name, attn, leaks in _causal_candidates():
@@ -261,6 +271,10 @@ def check_leaks_future(fn) -> None:
         if verdicts[name][0]:
             raise ExerciseError(f"your test says {name} leaks the future, but it is correct: change only tokens "
                                 "after the rows you compare, and compare with a tolerance (float rounding)")
+    if verdicts["a causal attention with ALiBi's distance bias"][0]:
+        raise ExerciseError("your test says a causal attention with ALiBi's distance bias leaks the future, but it "
+                            "is correct: its numbers differ from SDPA's, and differing from a reference is not a "
+                            "leak. Test the property itself: the rows before a change must not move")
     if not verdicts["no mask"][0]:
         raise ExerciseError("your test misses an attention with no mask at all: change a later token, run attn "
                             "again, and compare the rows before it")
@@ -272,4 +286,5 @@ def check_leaks_future(fn) -> None:
         raise ExerciseError("your test misses a leak through the queries: with softmax over the wrong dim, a row's "
                             "weights depend on later *queries*, so changing a later value alone shows nothing; "
                             "change the later token itself (its q, k and v)")
-    return passed("your test accepts both correct causal attentions and catches all three leaks")
+    return passed("your test accepts the three correct causal attentions, one of them with numbers unlike SDPA's, "
+                  "and catches all three leaks")

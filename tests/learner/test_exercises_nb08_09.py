@@ -444,6 +444,11 @@ def leaks_whole_output(attn):                                         # compares
     return not torch.allclose(attn(q, k, v2), attn(q, k, v))
 
 
+def leaks_unlike_sdpa(attn):                                          # a reference comparison, not the property
+    q, k, v = _qkv()
+    return not torch.allclose(attn(q, k, v), F.scaled_dot_product_attention(q, k, v, is_causal=True), atol=1e-4)
+
+
 RIGHT["leaks_future"] = nb09.check_leaks_future, leaks_future_right
 RIGHT["leaks_future_each_position"] = nb09.check_leaks_future, leaks_future_each_position
 
@@ -452,6 +457,7 @@ RIGHT["leaks_future_each_position"] = nb09.check_leaks_future, leaks_future_each
     (leaks_values_only, "leak through the queries"),
     (leaks_row0_last_token, "only the *next* one"),
     (leaks_whole_output, "is correct"),
+    (leaks_unlike_sdpa, "differing from a reference is not a leak"),
     (lambda attn: False, "no mask at all"),
     (lambda attn: True, "is correct"),
     (lambda attn: "yes", "should return True or False"),
