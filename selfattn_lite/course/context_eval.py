@@ -244,11 +244,25 @@ def run(n_windows: int | None = None, entropy_lengths=(128, 256, 512, 1024, 2048
         if progress:
             print(f"{method}, context cut to 512, past 512 per window:",
                   out["context_cut"]["per_window_past_512"][method])
+    out["entropy"] = _entropy_record(ids, entropy_lengths, entropy_windows)
+    out["seconds"] = round(time.perf_counter() - start, 1)
+    if progress:
+        print("entropy:", out["entropy"])
+    return out
+
+
+def _entropy_record(ids: Tensor, lengths, n_windows: int) -> dict:
+    """Mean attention entropy per window at each length, for no scaling, YaRN and YaRN without its temperature.
+
+    The windows at length n are the first n characters of the same ``n_windows`` windows of the
+    largest length: nested prefixes, so every comparison across lengths is paired window by window.
+    """
     keys = ("none", "yarn", "yarn_no_temperature")
-    entropy = {"lengths": list(entropy_lengths), **{key: [] for key in keys},
+    entropy = {"lengths": list(lengths), "nested": True, **{key: [] for key in keys},
                "per_window": {key: [] for key in keys}}
-    for n in entropy_lengths:
-        w = eval_windows(ids, n, entropy_windows)[:, :n]              # (k, n)
+    longest = eval_windows(ids, max(lengths), n_windows)               # (k, max + 1)
+    for n in lengths:
+        w = longest[:, :n]                                            # (k, n): prefixes of the same windows
         none = load_tiny_decoder(max_len=n)
         yarn = load_method("yarn", max_len=max(n, TRAINED_LEN))
         rows = {"none": [attention_entropy(none, w[j:j + 1]) for j in range(len(w))],
@@ -258,12 +272,8 @@ def run(n_windows: int | None = None, entropy_lengths=(128, 256, 512, 1024, 2048
         for key in keys:                                              # every window has as many rows: mean of means
             entropy[key].append(round(sum(rows[key]) / len(rows[key]), 5))
             entropy["per_window"][key].append([round(x, 5) for x in rows[key]])
-    out["entropy"] = entropy
-    out["entropy"]["score_factor"] = round(load_method("yarn").rope.attention_scaling ** 2, 6)   # 1/t on q.k
-    out["seconds"] = round(time.perf_counter() - start, 1)
-    if progress:
-        print("entropy:", entropy)
-    return out
+    entropy["score_factor"] = round(load_method("yarn").rope.attention_scaling ** 2, 6)   # 1/t on q.k
+    return entropy
 
 
 def main(argv=None) -> None:

@@ -181,7 +181,7 @@ def test_saved_measurements_agree_with_the_shipped_models():
         torch.testing.assert_close(per_window.mean(0), torch.tensor(saved["bucket"], dtype=per_window.dtype),
                                    atol=1e-4, rtol=0)
     n = 512
-    w = context_eval.eval_windows(context_eval.held_out_ids(tokenizer), n, 4)[:, :n]
+    w = context_eval.eval_windows(context_eval.held_out_ids(tokenizer), 2048, 4)[:, :n]   # nested prefixes
     k = results["entropy"]["lengths"].index(n)
     got = context_eval.attention_entropy(load_tiny_decoder(max_len=n), w)
     assert got == pytest.approx(results["entropy"]["none"][k], abs=1e-4)

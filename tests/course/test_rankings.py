@@ -46,13 +46,15 @@ NB12_LOSS_CLAIMS = [
     ("llama3", "first_512", "pi", "first_512", "<"),
     ("ntk", "past_1280", "ntk", "512-1024", ">"),             # 3. NTK-aware rises past 1280
     ("ntk", "1024-1280", "ntk", "512-1024", "~"),             #    and not before: the rise is placed from 1280 on
-    ("yarn", "first_512", "yarn_no_t", "first_512", "~"),     # 4. the temperature: nothing inside 512
+    ("yarn", "first_512", "yarn_no_t", "first_512", "~"),     # 4. the temperature: not shown inside 512
+    ("yarn_no_t", "first_512", "none", "first_512", ">"),     #    YaRN's frequencies alone cost inside 512
     ("yarn_no_t", "first_512", "llama3", "first_512", "<"),   #    YaRN's frequencies alone below Llama 3.1
     ("yarn", "past_512", "yarn_no_t", "past_512", "~"),       #    past 512: lower on average, not ranked
     ("yarn", "past_1280", "yarn", "512-1024", "~"),           #    YaRN does not
     ("pi_ft", "past_512", "pi", "past_512", "<"),             # 5. fine-tuning helps both
     ("yarn_ft", "past_512", "yarn", "past_512", "<"),
     ("pi_ft", "past_512", "yarn_ft", "past_512", ">"),        #    PI's still far above YaRN's
+    ("pi_ft", "first_512", "yarn_ft", "first_512", ">"),      #    the two differ inside 512, directly
     ("pi_ft", "first_512", "none", "first_512", ">"),         #    inside 512 PI's fine-tune costs,
     ("yarn_ft", "first_512", "none", "first_512", "~"),       #    YaRN's does not
     ("alibi", "past_512", "alibi", "first_512", "~"),         # ALiBi 1. flat
@@ -199,22 +201,31 @@ def test_nb12_entropy_claims_are_larger_than_their_spread():
     lengths = RESULTS["entropy"]["lengths"]
     for key, rows in ENTROPY.items():                                  # the saved means are the windows' means
         assert rows.mean(1).tolist() == pytest.approx(RESULTS["entropy"][key], abs=1e-4)
+    assert RESULTS["entropy"]["nested"]                                # window j at n: the first n of window j
     none = ENTROPY["none"]                                             # 1. grows up to 1024, then indistinguishable
-    steps = [verdict((none[k + 1].mean() - none[k].mean()).item(), (none[k + 1].std() + none[k].std()).item())
-             for k in range(len(lengths) - 1)]
-    assert steps == [">", ">", ">", "~"] and lengths[-2:] == [1024, 2048]
-    for k in range(len(lengths)):                                      # 2. the temperature sharpens, paired
-        diffs = ENTROPY["yarn"][k] - ENTROPY["yarn_no_temperature"][k]
-        assert verdict(diffs.mean().item(), diffs.std().item()) == "<"
-    t_paired = []
-    for k, n in enumerate(lengths):                                    # 3. YaRN sharper than none up to 1024,
-        diffs = ENTROPY["yarn"][k] - ENTROPY["none"][k]                #    level at 2048
-        assert verdict(diffs.mean().item(), diffs.std().item()) == ("~" if n == RESULTS["target_len"] else "<")
-        for d in (diffs, ENTROPY["yarn"][k] - ENTROPY["yarn_no_temperature"][k]):
+    growth = [none[k + 1] - none[k] for k in range(len(lengths) - 1)]  #    paired: the same (nested) windows
+    assert [verdict(d.mean().item(), d.std().item()) for d in growth] == [">", ">", ">", "~"]
+    assert lengths[-2:] == [1024, 2048]
+    t_paired = [abs(d.mean().item()) / (d.std().item() / math.sqrt(len(d))) for d in growth]
+    for k, n in enumerate(lengths):
+        temperature = ENTROPY["yarn"][k] - ENTROPY["yarn_no_temperature"][k]   # 2. the temperature sharpens,
+        frequencies = ENTROPY["yarn_no_temperature"][k] - none[k]              #    the frequencies flatten
+        against_none = ENTROPY["yarn"][k] - none[k]                            # 3. YaRN sharper up to 1024,
+        assert verdict(temperature.mean().item(), temperature.std().item()) == "<"   # not shown at 2048
+        assert verdict(frequencies.mean().item(), frequencies.std().item()) == ">"
+        assert verdict(against_none.mean().item(), against_none.std().item()) == ("~" if n == RESULTS["target_len"] else "<")
+        for d in (temperature, frequencies, against_none):
             t_paired.append(abs(d.mean().item()) / (d.std().item() / math.sqrt(len(d))))
     # with 4 windows the rule |t| > sqrt(4) = 2 is looser than a 5% t-test (3.182 for 3 dof, from a t table):
     # no paired verdict the notebook prints falls between the two
     assert ENTROPY["none"].shape[1] == 4 and not any(2 < t < 3.182 for t in t_paired)
+
+
+def test_t_critical_value_for_three_degrees_of_freedom():
+    # Student's t CDF for 3 dof in closed form: 1/2 + (t / (sqrt(3) (1 + t^2 / 3)) + atan(t / sqrt(3))) / pi
+    t = 3.182446305284263
+    cdf = 0.5 + (t / (math.sqrt(3) * (1 + t * t / 3)) + math.atan(t / math.sqrt(3))) / math.pi
+    assert 2 * (1 - cdf) == pytest.approx(0.05, abs=1e-12) and round(t, 3) == 3.182
 
 
 # ------------------------------------------------------------------ notebook 12: ALiBi with its context cut to 512
@@ -246,7 +257,7 @@ def test_nb12_budgets_of_alibi_and_fine_tuned_yarn():
 
 
 
-def test_nb12_pi_zero_shot_is_about_as_bad_as_the_unigram_floor():
+def test_nb12_pi_zero_shot_is_about_as_bad_as_the_unigram_baseline():
     """Notebook 12: zero-shot PI against an add-one unigram model of the training split, paired on the same
     targets: indistinguishable inside 512, above it past 512 on average but not on every window."""
     from selfattn_lite.models import load_tiny_decoder
@@ -256,11 +267,11 @@ def test_nb12_pi_zero_shot_is_about_as_bad_as_the_unigram_floor():
     counts = torch.zeros(V, dtype=torch.float64).index_add_(0, train, torch.ones(len(train), dtype=torch.float64))
     nll = -((counts + 1) / (len(train) + V)).log()                     # (V,) nats per character
     windows = context_eval.eval_windows(context_eval.held_out_ids(tok), RESULTS["target_len"])
-    floor = nll[windows[:, 1:]].mean().item()
-    assert floor < math.log(V)
+    unigram = nll[windows[:, 1:]].mean().item()           # the no-context baseline
+    assert unigram < math.log(V)
     L = RESULTS["trained_len"]
     inside = per_window("pi", "first_512") - nll[windows[:, 1:L + 1]].mean(-1)
     beyond = per_window("pi", "past_512") - nll[windows[:, L + 1:]].mean(-1)
     assert verdict(inside.mean().item(), inside.std().item()) == "~"
     assert beyond.mean() > 0 and beyond.min() < 0
-    assert all(RESULTS["loss"][m]["past_512"] < floor for m in ("none", "ntk", "yarn", "llama3"))
+    assert all(RESULTS["loss"][m]["past_512"] < unigram for m in ("none", "ntk", "yarn", "llama3"))
