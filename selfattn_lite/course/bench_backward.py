@@ -76,8 +76,12 @@ def step_flops(B: int, H: int, n: int, D: int, *, is_causal: bool = False) -> di
     The forward is two matrix products (S = Q Kᵀ, O = P V), ``bench.attention_flops``. Explicit
     attention's backward is four more (dV, dP, dQ, dK): 3x the forward, and it computes every score
     whether or not a causal mask hides it (the full count). The tiled and fused kernels recompute S
-    in the backward, five products: 3.5x the forward, and they skip the tiles a causal mask hides
-    (counted as half, the usual convention; skipping only whole tiles, they compute somewhat more).
+    in the backward, five products: 3.5x the forward, with a causal mask's scores counted as half
+    (the usual convention). What each kernel computes differs from that count: the tiled kernel skips
+    the tiles above the diagonal and trims the key columns of a diagonal tile that no query in it may
+    see (``efficient.tile_plan``; 3/4 of the scores at n = 512 in 256 x 512 tiles); SDPA's CPU kernel
+    skips whole kv blocks of kv_split = 512 keys but computes every score of the blocks it visits
+    (``FlashAttentionKernel.cpp``), so at n <= 512, one block, it computes them all.
     """
     full = bench.attention_flops(B, H, n, n, D)
     skipping = bench.attention_flops(B, H, n, n, D, is_causal=is_causal)

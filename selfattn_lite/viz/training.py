@@ -5,7 +5,7 @@ backward pass (beyond q, k, v themselves); ``draw_saved_memory`` plots them agai
 ``BackwardMemoryWidget`` lets a learner pick n, the heads and the head width.
 
     explicit:  the weights P, (B, h, n, n) (its autograd keeps Q, K, P and V, not O)
-    tiled:     the output O, (B, h, n, dv), and one log-sum-exp per query row, (B, h, n)
+    tiled:     the output O, (B, h, n, dv), and one log-sum-exp per query row, (B, h, n), in float32
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from .core import HeatmapWidget
 
 __all__ = ["saved_for_backward", "draw_saved_memory", "BackwardMemoryWidget"]
 
+LSE_BYTES = 4                                          # the log-sum-exp is float32 in both kernels
 COLORS = {"explicit": "#D55E00", "tiled": "#0072B2"}   # Okabe-Ito, as bench_efficient
 
 
@@ -26,15 +27,17 @@ def saved_for_backward(n: int, *, B: int = 1, h: int = 8, dv: int = 64, bytes_pe
     """Bytes kept for the backward pass by each method, q, k, v not counted (both keep them).
 
     Explicit attention's autograd keeps Q, K, P and V (notebook 11, "What SDPA keeps"); the tiled
-    kernel keeps Q, K, V, O and one log-sum-exp per query row.
+    kernel keeps Q, K, V, O and one log-sum-exp per query row. The log-sum-exp stays float32 whatever
+    the input dtype (SDPA's ``logsumexp`` has the accumulate dtype, ``attention.cpp``; the tiled
+    kernel computes its row statistics in float32), so it costs 4 bytes a row also under bf16.
 
     Returns:
-        {"explicit": B h n^2 bytes_per_value (P), "tiled": B h (n dv + n) bytes_per_value (O and lse)}.
+        {"explicit": B h n^2 bytes_per_value (P), "tiled": B h (n dv bytes_per_value + 4 n) (O and lse)}.
     """
     for name, x in (("n", n), ("B", B), ("h", h), ("dv", dv), ("bytes_per_value", bytes_per_value)):
         check_int(name, x, low=1)
     return {"explicit": B * h * n * n * bytes_per_value,
-            "tiled": B * h * (n * dv + n) * bytes_per_value}
+            "tiled": B * h * (n * dv * bytes_per_value + n * LSE_BYTES)}
 
 
 def draw_saved_memory(n: int, *, h: int = 8, dv: int = 64, bytes_per_value: int = 4, ax: Axes | None = None,

@@ -124,7 +124,8 @@ def test_backward_benchmark_measures_and_checks_all_gradients(tmp_path):
 
 def test_saved_for_backward_formula_and_widget():
     saved = saved_for_backward(1024, h=4, dv=32, bytes_per_value=2)
-    assert saved == {"explicit": 4 * 1024 * 1024 * 2, "tiled": 4 * (1024 * 32 + 1024) * 2}
+    assert saved == {"explicit": 4 * 1024 * 1024 * 2, "tiled": 4 * (1024 * 32 * 2 + 1024 * 4)}   # lse: float32
+    assert saved_for_backward(1024, h=4, dv=32)["tiled"] == 4 * (1024 * 32 + 1024) * 4
     with pytest.raises(ValueError, match="n must be a positive int"):
         saved_for_backward(0)
     widget = BackwardMemoryWidget(n=512, h=2)
