@@ -118,7 +118,7 @@ def test_shipped_budget_runs_are_each_mixers_chosen_runs_at_twice_the_steps():
     budget = [json.loads(p.read_text()) for p in sorted((tr.RECALL_V2_DIR / "budget").glob("*.json"))]
     assert budget, "no run of the budget check shipped"
     total = sum(p.stat().st_size for p in (tr.RECALL_V2_DIR / "budget").iterdir())
-    assert total < 4 * 2**20, f"the budget runs take {total / 2**20:.1f} MiB"
+    assert total < 6 * 2**20, f"the budget runs take {total / 2**20:.1f} MiB"
     for record in budget:
         mixer = record["config"]["mixer"]
         lr = tr.select_lr(SHIPPED, mixer)
