@@ -48,6 +48,8 @@ PLANTED = {
     ],
     "08_efficient_attention": [
         ("answer_1", "l = l * scale + p.sum(-1)", "l = l + p.sum(-1)", "rescale the running sum l"),
+        ("answer_3", "a = (phi_q @ phi_k.transpose(1, 2)).tril()", "a = (phi_q @ phi_k.transpose(1, 2)).tril(-1)",
+         "token i does not see its own key"),
     ],
     "09_common_pitfalls": [
         ("answer_1", "(i - j < window)", "(i - j <= window)", "a window one too wide"),

@@ -223,7 +223,8 @@ TIME_TITLE = "Time (all three do the same FLOPs, x4 per doubling of n; the dashe
 
 
 def plot_scaling(records: list[dict], *, title: str = "", fig=None, time_title: str = TIME_TITLE):
-    """Log-log time and peak memory against n, one line per implementation, with an n^2 guide.
+    """Log-log time and peak memory against n, one line per implementation, with an n^2 guide; each
+    time point has a bar from its fastest to its slowest sample (``min_ms``..``max_ms``) where the records hold them.
 
     ``time_title`` heads the time panel (the forward's FLOP count by default: a fact, not a reading of the times)."""
     if fig is None:
@@ -238,9 +239,15 @@ def plot_scaling(records: list[dict], *, title: str = "", fig=None, time_title: 
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
     for ax, (key, label) in zip(axes, panels, strict=True):
         for impl in IMPLS:
-            pts = [(r["n"], r[key]) for r in records if r["impl"] == impl and r[key] is not None]
-            if pts:
-                ax.plot([n for n, _ in pts], [y for _, y in pts], "o-", color=COLORS[impl], label=impl)
+            rs = [r for r in records if r["impl"] == impl and r[key] is not None]
+            if not rs:
+                continue
+            ns_impl, ys = [r["n"] for r in rs], [r[key] for r in rs]
+            if key == "ms" and all(r.get("min_ms") is not None for r in rs):   # each point's range: min-max
+                bars = [[y - r["min_ms"] for r, y in zip(rs, ys)], [r["max_ms"] - y for r, y in zip(rs, ys)]]
+                ax.errorbar(ns_impl, ys, yerr=bars, fmt="o-", color=COLORS[impl], capsize=3, label=impl)
+            else:
+                ax.plot(ns_impl, ys, "o-", color=COLORS[impl], label=impl)
         explicit = [(r["n"], r[key]) for r in records if r["impl"] == EXPLICIT and r[key] is not None]
         if explicit:                              # n^2 guide through explicit's largest point
             n_ref, y_ref = explicit[-1]
@@ -271,7 +278,7 @@ def run(out: str | Path, *, device: str | None = None, ns=None, targets: bool = 
                       budget_s=budget_s)
     result = dict(**provenance(device, config["B"], config["H"], config["D"], config["dtype"]), records=records)
     if targets and device.type == "cpu":
-        result["targets"] = check_targets()
+        result["targets"] = check_targets(rounds=5)          # a median of 5: one disturbed round cannot decide it
     save(out, result, title=f"{result['device']}, {result['dtype']}, B={result['B']}, h={result['H']}, "
                             f"dk={result['D']}")
     return result

@@ -1,5 +1,5 @@
 """Checkers for notebook 08: the causal tiled loop (lesson 1); the tiles of a sliding-window kernel and causal
-linear attention as a recurrence (lesson 2)."""
+linear attention, as a recurrence or chunk by chunk (lesson 2)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from . import ExerciseError, NotAttempted, attempt, close, not_attempted, passed
 from . import solution as solution  # the notebooks' guard on their folded solutions
 from . import unanswered as unanswered
 
-__all__ = ["check_causal_tiled", "check_window_tiles", "check_causal_linear_attention"]
+__all__ = ["check_causal_tiled", "check_window_tiles", "check_causal_linear_attention",
+           "check_chunked_linear_attention"]
 
 
 def _window_tiles(n: int, window: int, block: int, *, causal: bool = True) -> int:
@@ -167,6 +168,138 @@ def _check_causal_linear_attention(fn) -> None:
         raise ExerciseError(f"{counter.get_total_flops():,} matmul FLOPs at n = {n}: your code forms the n x n matrix "
                             "phi(Q) phi(K)^T. Carry the state S (m x dv) and z (m) along the sequence instead")
     return passed("a state S = Σ φ(k_j) v_jᵀ and z = Σ φ(k_j) carried token by token: causal, and no n × n matrix")
+
+
+def _chunked_variant(q, k, v, chunk, *, diagonal=0, state_first=False, intra=True, norm_inter=True,
+                     norm_intra=True, normalise=True):
+    """Chunked causal linear attention with phi = elu + 1; each flag off (or ``diagonal=-1``, ``state_first``,
+    ``diagonal`` = chunk for no mask) plants one mistake. q, k (B, n, m), v (B, n, dv) -> (B, n, dv)."""
+    fq, fk = _phi(q), _phi(k)
+    B, n, m = q.shape
+    S, z = q.new_zeros(B, m, v.shape[-1]), q.new_zeros(B, m, 1)
+    out = []
+    for c0 in range(0, n, chunk):
+        qc, kc, vc = fq[:, c0:c0 + chunk], fk[:, c0:c0 + chunk], v[:, c0:c0 + chunk]
+        if state_first:
+            S, z = S + kc.transpose(1, 2) @ vc, z + kc.sum(1)[..., None]
+        a = (qc @ kc.transpose(1, 2)).tril(diagonal)
+        num = qc @ S + (a @ vc if intra else 0)
+        den = (qc @ z if norm_inter else 0) + (a.sum(-1, keepdim=True) if norm_intra else 0)
+        out.append(num / den if normalise else num)
+        if not state_first:
+            S, z = S + kc.transpose(1, 2) @ vc, z + kc.sum(1)[..., None]
+    return torch.cat(out, dim=1)
+
+
+def _count_ops(fn, *args) -> int:
+    """How many torch operations ``fn(*args)`` dispatches (every aten call, matmul or not)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Counter(TorchDispatchMode):
+        calls = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Counter.calls += 1
+            return func(*args, **(kwargs or {}))
+
+    with Counter():
+        fn(*args)
+    return Counter.calls
+
+
+def _chunked_flops(n: int, m: int, dv: int, chunk: int) -> int:
+    """Matmul FLOPs (2 per multiply-add) of chunked causal linear attention, chunk dividing n: per chunk of C
+    tokens, phi(Q_c) S and the state update phi(K_c)^T V_c (2 C m dv each), the masked (C, C) product
+    phi(Q_c) phi(K_c)^T (2 C^2 m) and its product with V_c (2 C^2 dv): n (4 m dv + 2 C (m + dv)) in all."""
+    return n * (4 * m * dv + 2 * chunk * (m + dv))
+
+
+def check_chunked_linear_attention(fn) -> None:
+    """``fn(q, k, v, chunk) -> (B, n, dv)``: causal linear attention, phi(x) = elu(x) + 1, a chunk at a time.
+
+    q, k (B, n, m), v (B, n, dv). For each chunk c of ``chunk`` tokens (the last one shorter when chunk does
+    not divide n), with the state S = sum phi(k_j) v_j^T, z = sum phi(k_j) over the chunks before it:
+
+        out_c = (phi(Q_c) S + A V_c) / (phi(Q_c) z + A 1),   A = lower triangle of phi(Q_c) phi(K_c)^T (C x C),
+
+    then S += phi(K_c)^T V_c, z += sum_c phi(k_j). Graded: the causal answer at every chunk size, the matmul
+    FLOPs of that form (``_chunked_flops``, counted at n = 256), and a number of torch operations that falls as
+    the chunk grows (one step per chunk, not per token). ``efficient.linear_attention`` and
+    ``linear_attention_step`` are switched off while it runs.
+    """
+    with _switched_off(("linear_attention", "linear_attention_step"),
+                       "write the chunked loop yourself: efficient.linear_attention (which is chunked) and "
+                       "linear_attention_step are the answer, not a way to it (they are switched off while the "
+                       "checker runs)"):
+        return _check_chunked_linear_attention(fn)
+
+
+def _check_chunked_linear_attention(fn) -> None:
+    gen = torch.Generator().manual_seed(11)
+    q, k = torch.randn(2, 10, 4, generator=gen), torch.randn(2, 10, 4, generator=gen)
+    v = torch.randn(2, 10, 3, generator=gen)
+    try:
+        out = attempt(fn, q, k, v, 4)
+    except NotAttempted:
+        return not_attempted("chunked_linear_attn")
+    out = require_tensor("chunked_linear_attn(q, k, v, 4)", out, (2, 10, 3))
+    want = _linear_quadratic(q, k, v, True)
+    if not close(out, want, atol=1e-4):
+        diagnoses = [
+            (_sdpa(q, k, v, is_causal=True), "that is softmax attention; use the feature map phi(x) = elu(x) + 1"),
+            (_linear_quadratic(q, k, v, False), "every output uses every key: that is the non-causal form; token i "
+             "sees the chunks before its own and, inside its chunk, the keys up to i"),
+            (_chunked_variant(q, k, v, 4, diagonal=-1), "token i does not see its own key: inside a chunk keep the "
+             "lower triangle of phi(Q_c) phi(K_c)^T with its diagonal (tril(), not tril(-1))"),
+            (_chunked_variant(q, k, v, 4, diagonal=4), "a token sees the later keys of its own chunk: mask the "
+             "(C, C) product phi(Q_c) phi(K_c)^T to its lower triangle, numerator and normaliser alike"),
+            (_chunked_variant(q, k, v, 4, state_first=True), "each chunk's keys are counted twice: read the state S, "
+             "z of the chunks before, add the chunk's own keys through the masked (C, C) product, and only then "
+             "add the chunk to the state"),
+            (_chunked_variant(q, k, v, 4, intra=False), "the numerator lacks the chunk's own keys: add "
+             "tril(phi(Q_c) phi(K_c)^T) V_c to phi(Q_c) S"),
+            (_chunked_variant(q, k, v, 4, normalise=False), "the normaliser is missing: divide by "
+             "phi(Q_c) z + the row sums of the masked (C, C) product"),
+            (_chunked_variant(q, k, v, 4, norm_inter=False), "the normaliser lacks the earlier chunks: add "
+             "phi(Q_c) z (z = sum of phi(k_j) over the chunks before) to the masked product's row sums"),
+            (_chunked_variant(q, k, v, 4, norm_intra=False), "the normaliser lacks the chunk's own keys: add the "
+             "row sums of the masked (C, C) product to phi(Q_c) z"),
+        ]
+        for variant, message in diagnoses:             # from token 1 on: token 0 may divide by zero
+            if close(out[:, 1:].nan_to_num(), variant[:, 1:].nan_to_num(), atol=1e-4):
+                raise ExerciseError(message)
+        if close(attempt(fn, q, k, v, 5), want, atol=1e-4) and close(attempt(fn, q, k, v, 2), want, atol=1e-4):
+            raise ExerciseError("right when the chunk divides n (2, 5 for n = 10), wrong at chunk = 4: the last "
+                                "chunk has n - 8 = 2 tokens; slice q[:, c0:c0 + chunk] and let it be shorter")
+        raise ExerciseError("expected causal linear attention, out_i = phi(q_i)^T S_i / phi(q_i)^T z_i over keys "
+                            "j <= i, computed chunk by chunk: (phi(Q_c) S + A V_c) / (phi(Q_c) z + A 1), "
+                            "A = tril(phi(Q_c) phi(K_c)^T)")
+    for chunk in (1, 2, 3, 5, 7, 10, 16):
+        if not close(attempt(fn, q, k, v, chunk), want, atol=1e-4):
+            raise ExerciseError(f"right at chunk = 4 but wrong at chunk = {chunk}: every chunk size must give the "
+                                "same answer (a chunk of 1 is the token-by-token recurrence; a chunk of n or more "
+                                "is the masked n x n form)")
+    n, m, chunk = 256, 16, 32
+    big = [torch.randn(1, n, m, generator=gen) for _ in range(3)]
+    flops = _matmul_flops(fn, *big, chunk)
+    expected = _chunked_flops(n, m, m, chunk)
+    allowed = 1.25 * (expected + n * (2 * m + 2 * chunk))      # + normalisers done as matmuls, if they are
+    if flops >= n * n * m:
+        raise ExerciseError(f"{flops:,} matmul FLOPs at n = {n}: your code forms the n x n matrix phi(Q) phi(K)^T. "
+                            "Only a (chunk, chunk) block of it, per chunk, and the state S, z between chunks")
+    if flops > allowed:
+        raise ExerciseError(f"{flops:,} matmul FLOPs at n = {n}, chunk = {chunk}, where the chunked form needs "
+                            f"{expected:,} (n (4 m dv + 2 C (m + dv))): some product is larger than one chunk's "
+                            "(C, C) block or its (m, dv) state update")
+    few, many = _count_ops(fn, *big, 64), _count_ops(fn, *big, 8)
+    if many < 2 * few:
+        raise ExerciseError(f"{few} torch operations with chunks of 64 and {many} with chunks of 8: the work does "
+                            "not follow the chunk. Step through the sequence one chunk at a time (n / chunk steps), "
+                            "not token by token and not all at once")
+    return passed(f"the causal answer at every chunk size; {flops:,} matmul FLOPs at n = {n}, m = dv = {m}, "
+                  f"chunk {chunk} (the chunked form: n (4 m dv + 2 C (m + dv)) = {expected:,}, and 2 n m more where "
+                  f"phi(Q_c) z is a matmul, against "
+                  f"{4 * n * n * m:,} for the masked n x n product); n / C steps, one per chunk")
 
 
 def _causal_reference(q, k, v):

@@ -153,6 +153,82 @@ def test_causal_linear_attention_rejects_the_package_and_restores_it():
     assert (nb08_efficient.linear_attention, nb08_efficient.linear_attention_step) == saved
 
 
+# ----------------------------------------------------------------------------- nb08: chunked_linear_attn
+
+def chunked_right(q, k, v, chunk, *, last_chunk_stateless=False, no_mask_above=None):
+    """Chunked causal linear attention, phi = elu + 1; the keywords plant mistakes."""
+    B, n, m = q.shape
+    S, z = torch.zeros(B, m, v.shape[-1]), torch.zeros(B, m, 1)
+    out = []
+    for c0 in range(0, n, chunk):
+        fq, fk, vc = phi(q[:, c0:c0 + chunk]), phi(k[:, c0:c0 + chunk]), v[:, c0:c0 + chunk]
+        a = fq @ fk.transpose(1, 2)
+        if no_mask_above is None or chunk <= no_mask_above:
+            a = a.tril()
+        S_read, z_read = (S * 0, z * 0) if last_chunk_stateless and c0 + chunk > n else (S, z)
+        out.append((fq @ S_read + a @ vc) / (fq @ z_read + a.sum(-1, keepdim=True)))
+        S, z = S + fk.transpose(1, 2) @ vc, z + fk.sum(1)[..., None]
+    return torch.cat(out, dim=1)
+
+
+def chunked_einsum(q, k, v, chunk):
+    """Another right answer: the state and its reads as einsums, the normaliser by elementwise products."""
+    fq, fk = phi(q), phi(k)
+    S, z = torch.zeros(q.shape[0], q.shape[-1], v.shape[-1]), torch.zeros(q.shape[0], q.shape[-1])
+    out = []
+    for c0 in range(0, q.shape[1], chunk):
+        qc, kc, vc = fq[:, c0:c0 + chunk], fk[:, c0:c0 + chunk], v[:, c0:c0 + chunk]
+        a = torch.einsum("bim,bjm->bij", qc, kc).tril()
+        num = torch.einsum("bim,bmd->bid", qc, S) + torch.einsum("bij,bjd->bid", a, vc)
+        den = (qc * z[:, None]).sum(-1, keepdim=True) + a.sum(-1, keepdim=True)
+        out.append(num / den)
+        S = S + torch.einsum("bjm,bjd->bmd", kc, vc)
+        z = z + kc.sum(1)
+    return torch.cat(out, dim=1)
+
+
+RIGHT["chunked_linear_attention"] = nb08.check_chunked_linear_attention, chunked_right
+RIGHT["chunked_linear_attention_einsum"] = nb08.check_chunked_linear_attention, chunked_einsum
+
+
+@pytest.mark.parametrize("wrong,fragment", [
+    (lambda q, k, v, c: F.scaled_dot_product_attention(q, k, v, is_causal=True), "softmax attention"),
+    (lambda q, k, v, c: quadratic(q, k, v, diagonal=k.shape[1]), "non-causal form"),
+    (lambda q, k, v, c: nb08._chunked_variant(q, k, v, c, diagonal=-1), "its own key"),
+    (lambda q, k, v, c: nb08._chunked_variant(q, k, v, c, diagonal=c), "later keys of its own chunk"),
+    (lambda q, k, v, c: nb08._chunked_variant(q, k, v, c, state_first=True), "counted twice"),
+    (lambda q, k, v, c: nb08._chunked_variant(q, k, v, c, intra=False), "numerator lacks"),
+    (lambda q, k, v, c: nb08._chunked_variant(q, k, v, c, normalise=False), "normaliser is missing"),
+    (lambda q, k, v, c: nb08._chunked_variant(q, k, v, c, norm_inter=False), "lacks the earlier chunks"),
+    (lambda q, k, v, c: nb08._chunked_variant(q, k, v, c, norm_intra=False), "normaliser lacks the chunk's own"),
+    (lambda q, k, v, c: chunked_right(q, k, v, c, last_chunk_stateless=True), "the chunk divides n"),
+    (lambda q, k, v, c: chunked_right(q, k, v, c, no_mask_above=8), "wrong at chunk = 10"),
+    (lambda q, k, v, c: quadratic(q, k, v), "forms the n x n matrix"),
+    (lambda q, k, v, c: torch.cat([quadratic(q[:, :i + 1], k[:, :i + 1], v[:, :i + 1])[:, -1:]
+                                   for i in range(q.shape[1])], 1), "matmul FLOPs"),
+    (lambda q, k, v, c: causal_linear_right(q, k, v), "token by token"),
+    (lambda q, k, v, c: causal_linear_cumsum(q, k, v), "does not follow the chunk"),
+    (lambda q, k, v, c: chunked_right(q, k, v, c)[:, :, :2], "shape"),
+    (lambda q, k, v, c: chunked_right(q, k, v, c) * 1.1, "expected causal linear attention"),
+    (lambda q, k, v, c: nb08_efficient.linear_attention(q, k, v, is_causal=True, chunk_size=c),
+     "write the chunked loop yourself"),
+])
+def test_chunked_linear_attention_diagnoses(wrong, fragment):
+    expect_error(nb08.check_chunked_linear_attention, wrong, fragment)
+
+
+def test_chunked_flops_is_what_the_solution_counts():
+    """The checker's FLOP formula is the matmuls of the chunked form, counted (chunk dividing n)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    gen = torch.Generator().manual_seed(0)
+    for n, m, dv, chunk in ((64, 8, 4, 16), (96, 4, 6, 32)):
+        q, k, v = torch.randn(1, n, m, generator=gen), torch.randn(1, n, m, generator=gen), torch.randn(1, n, dv, generator=gen)
+        with FlopCounterMode(display=False) as counter:
+            chunked_einsum(q, k, v, chunk)
+        assert counter.get_total_flops() == nb08._chunked_flops(n, m, dv, chunk)
+
+
 # ----------------------------------------------------------------------------- nb08: causal_tiled_attention
 
 def tiled(skip=True, diagonal_mask=True, rescale=True, subtract_max=True, scale=True, full_mask=False):
