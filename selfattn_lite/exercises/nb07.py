@@ -146,8 +146,8 @@ CACHE_DTYPES = (2, 1, 0.5)   # bytes per cached value: bf16, 8-bit, 4-bit
 
 
 def _kv_options(p) -> list[int]:
-    """K/V head counts a grouped-query version of preset p may use: divisors of n_heads up to its own."""
-    return [h for h in range(1, p.n_kv_heads + 1) if p.n_heads % h == 0]
+    """K/V head counts preset p converts to by mean-pooling its own K/V heads in equal groups: divisors of n_kv_heads."""
+    return [h for h in range(1, p.n_kv_heads + 1) if p.n_kv_heads % h == 0]
 
 
 def _plans(name, batch, seq_len, gpu_bytes, weight_bytes, *, weights=True, kv_factor=1.0, kv_options=None,
@@ -162,7 +162,7 @@ def _plans(name, batch, seq_len, gpu_bytes, weight_bytes, *, weights=True, kv_fa
 def check_serving_plans(fn) -> None:
     """``fn(name, batch, seq_len, gpu_bytes, weight_bytes_per_value)`` -> the set of (n_kv_heads, bytes_per_value).
 
-    Every pair, with n_kv_heads a divisor of the model's n_heads no larger than its own n_kv_heads and
+    Every pair, with n_kv_heads a divisor of the model's own n_kv_heads (its K/V heads pooled in equal groups) and
     bytes_per_value in (2, 1, 0.5), for which the weights (n_params x weight_bytes_per_value) plus the
     KV cache of ``batch`` sequences of ``seq_len`` tokens fit in ``gpu_bytes``.
     """
@@ -193,14 +193,14 @@ def check_serving_plans(fn) -> None:
             raise ExerciseError(f"{where}: the cache is per sequence: multiply by the batch")
         if got == _plans(*case, kv_options=lambda p: [p.n_kv_heads]):
             raise ExerciseError(f"{where}: try every K/V head count the model could be converted to (the divisors "
-                                "of n_heads up to its own n_kv_heads), not only its own")
-        if any(h > get_preset(case[0]).n_kv_heads or get_preset(case[0]).n_heads % h for h, _ in got):
-            raise ExerciseError(f"{where}: K/V head counts must divide n_heads and not exceed the model's own "
-                                "n_kv_heads (GQA shares heads, it does not add them)")
+                                "of its own n_kv_heads), not only its own")
+        if any(h < 1 or get_preset(case[0]).n_kv_heads % h for h, _ in got):
+            raise ExerciseError(f"{where}: K/V head counts must divide the model's own n_kv_heads (converting "
+                                "mean-pools its K/V heads in equal groups; GQA shares heads, it does not add them)")
         missing, extra = sorted(want - got), sorted(got - want)
         raise ExerciseError(f"{where}: expected {sorted(want)}; missing {missing}, not fitting but returned {extra}")
     return passed("weights + 2 x layers x kv_heads x head_dim x tokens x batch x bytes <= the GPU; Llama-3-70B "
                   "at 32 x 32k tokens fits 80 x 10^9 bytes only with 4-bit weights, and then with at most 4 K/V "
-                  "heads, those in a 4-bit cache (a card sold as 80 GB has 80 GiB, 85.9 x 10^9 bytes: there "
-                  "8-bit weights with 1 K/V head in a 4-bit cache fit too)")
+                  "heads, those in a 4-bit cache (at 80 GiB, 85.9 x 10^9 bytes, 8-bit weights with 1 K/V head in a "
+                  "4-bit cache fit too)")
 

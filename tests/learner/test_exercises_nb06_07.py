@@ -385,7 +385,7 @@ def test_gqa_attention_checker_catches_the_copy(wrong):
 
 def plans_that_fit(name, batch, seq_len, gpu_bytes, weight_bytes_per_value):
     p = get_preset(name)
-    kv_options = [h for h in range(1, p.n_kv_heads + 1) if p.n_heads % h == 0]    # GQA: divisors of n_heads
+    kv_options = [h for h in range(1, p.n_kv_heads + 1) if p.n_kv_heads % h == 0]  # pool whole K/V heads
     weights = p.weight_bytes(weight_bytes_per_value)
     return {(h, b) for h in kv_options for b in (2, 1, 0.5)                        # bf16, 8-bit, 4-bit cache
             if weights + p.kv_bytes(seq_len, batch, b, n_kv_heads=h) <= gpu_bytes}
@@ -400,12 +400,22 @@ def plans_variant(**flags):
     return plans
 
 
+def test_serving_plans_accepts_the_n_heads_divisor_rule(capsys):
+    """Divisors of n_heads up to n_kv_heads are the divisors of n_kv_heads for every model the checker uses."""
+    def plans(name, batch, seq_len, gpu_bytes, weight_bytes_per_value):
+        return nb07._plans(name, batch, seq_len, gpu_bytes, weight_bytes_per_value,
+                           kv_options=lambda p: [h for h in range(1, p.n_kv_heads + 1) if p.n_heads % h == 0])
+    nb07.check_serving_plans(plans)
+    assert "Correct" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("wrong, fragment", [
     (plans_variant(weights=False), "the weights need memory too"),
     (plans_variant(kv_factor=0.5), "keys AND values"),
     (plans_variant(batch_factor=False), "multiply by the batch"),
     (plans_variant(kv_options=lambda p: [p.n_kv_heads]), "try every K/V head count"),
-    (plans_variant(kv_options=lambda p: [h for h in (1, 2, 4, 8, 16) if p.n_heads % h == 0]), "must divide n_heads"),
+    (plans_variant(kv_options=lambda p: [h for h in (1, 2, 4, 8, 16) if p.n_heads % h == 0]),
+     "must divide the model's own n_kv_heads"),
     (lambda *case: {(1, 2)}, "expected"),
     (lambda *case: 3, "a set (or list) of pairs"),
 ])
