@@ -146,7 +146,7 @@ CACHE_DTYPES = (2, 1, 0.5)   # bytes per cached value: bf16, 8-bit, 4-bit
 
 
 def _kv_options(p) -> list[int]:
-    """K/V head counts preset p converts to by mean-pooling its own K/V heads in equal groups: divisors of n_kv_heads."""
+    """K/V head counts p converts to by mean-pooling its own K/V heads in equal groups: divisors of n_kv_heads."""
     return [h for h in range(1, p.n_kv_heads + 1) if p.n_kv_heads % h == 0]
 
 
