@@ -121,8 +121,10 @@ def test_the_selection_and_which_rates_leave_the_floor():
                    "hybrid_1in4": 2}
 
 
-def standing(run: str) -> str:
-    margins = [acc(run, p) - FLOOR[p] for p in PAIRS]
+def standing(run: str, accuracy=None) -> str:
+    """A run's place against the floor, from its accuracies (by default its 3,000-step record's)."""
+    accuracy = accuracy or (lambda p: acc(run, p))
+    margins = [accuracy(p) - FLOOR[p] for p in PAIRS]
     if all(x > MARGIN for x in margins):
         return "above"
     if all(abs(x) <= MARGIN for x in margins):
@@ -219,12 +221,7 @@ def bracket(xs: list[float], ys: list[float]) -> str:
 
 
 def long_standing(run: str) -> str:
-    margins = [long_acc(run, p) - FLOOR[p] for p in PAIRS]
-    if all(x > MARGIN for x in margins):
-        return "above"
-    if all(abs(x) <= MARGIN for x in margins):
-        return "on the floor"
-    return "below" if all(x < 0 for x in margins) else "mixed"
+    return standing(run, lambda p: long_acc(run, p))
 
 
 def test_the_budget_check_reruns_every_seed_at_twice_the_steps():
