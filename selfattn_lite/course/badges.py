@@ -8,9 +8,9 @@ puts, idempotently, into each ``NN_*.ipynb``:
   with ``# NN · Title``): "launch on Binder" and "open in Colab", both for that notebook;
 * a second cell, a code cell tagged ``colab-setup``, that sets ``OMP_WAIT_POLICY=PASSIVE`` before
   torch is imported (whatever started the kernel: make, conda, Binder, Colab) and installs the
-  course package when the notebook runs in Google Colab (with the extras ``COLAB_EXTRAS`` adds for that
-  notebook: none, so Colab keeps the torch and Triton it ships; notebook 15 checks its Triton's release and
-  runs without the kernel when it is older than the course's minimum); it prints nothing;
+  course package when the notebook runs in Google Colab (without the triton extra: Colab keeps the torch and
+  Triton it ships; notebook 15 runs without the kernel where that Triton is older than the course's minimum,
+  ``triton_attention.TRITON_MIN``); it prints nothing;
 * every exercise's solution cell (tagged ``solution``) collapsed (``metadata.jupyter.source_hidden``):
   JupyterLab (and so Binder) opens it folded under its stub, so a learner sees the exercise, not
   its answer, until they click it open (``make student`` removes the solutions altogether).
@@ -48,10 +48,6 @@ COLAB_DIR = "/content/selfattn-course"
 # this cell runs before any import of torch. Colab opens one notebook alone: fetch the repository
 # (the package, and the figures/ the notebooks read next to notebooks/), install the package, and
 # work from notebooks/ as in the repository. Elsewhere that branch does not run.
-# Extras beyond [explore] that a notebook's Colab install adds: notebook 15 needs the Triton the package requires
-# (`triton>=3.6`, pyproject's `triton` extra), not whichever one Colab ships.
-COLAB_EXTRAS: dict[str, str] = {}   # notebook number -> extras; none: Colab keeps its own torch and Triton
-
 COLAB_SETUP = f'''import os
 import sys
 
@@ -66,12 +62,6 @@ if "google.colab" in sys.modules:   # only in Google Colab: fetch the course and
         subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "{COLAB_DIR}[explore]"],
                        check=True)
     os.chdir("{COLAB_DIR}/notebooks")'''
-
-
-def _colab_setup(name: str) -> str:
-    """The Colab setup cell for notebook file ``name``: ``COLAB_SETUP``, with the extras ``COLAB_EXTRAS`` gives it."""
-    extras = COLAB_EXTRAS.get(name[:2])
-    return COLAB_SETUP if extras is None else COLAB_SETUP.replace(f"{COLAB_DIR}[explore]", f"{COLAB_DIR}[{extras}]")
 
 
 def binder_url(name: str) -> str:
@@ -117,9 +107,9 @@ def add_badges(nb: nbformat.NotebookNode, name: str) -> nbformat.NotebookNode:
     if setup:
         cell = setup[0]
         nb.cells = [c for c in nb.cells if c is not cell]
-        cell.source = _colab_setup(name)
+        cell.source = COLAB_SETUP
     else:
-        cell = nbformat.v4.new_code_cell(_colab_setup(name), metadata={"tags": [SETUP_TAG]})
+        cell = nbformat.v4.new_code_cell(COLAB_SETUP, metadata={"tags": [SETUP_TAG]})
         cell["id"] = "colab-setup"
     nb.cells.insert(1, cell)
     for c in nb.cells:
@@ -144,7 +134,7 @@ def apply(folder: str | Path = "notebooks") -> list[Path]:
 def has_badges(nb: nbformat.NotebookNode, name: str) -> bool:
     """True when ``nb`` carries this notebook's badge line and the Colab setup cell second."""
     return (badge_line(name) in nb.cells[0].source.split("\n") and len(nb.cells) > 1
-            and SETUP_TAG in _tags(nb.cells[1]) and nb.cells[1].source == _colab_setup(name)
+            and SETUP_TAG in _tags(nb.cells[1]) and nb.cells[1].source == COLAB_SETUP
             and all(c.metadata.get("jupyter", {}).get("source_hidden") for c in nb.cells
                     if SOLUTION_TAG in _tags(c)))
 

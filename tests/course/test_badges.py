@@ -82,9 +82,9 @@ def test_setup_cell_fetches_and_installs_the_course_in_colab(monkeypatch):
 
 
 def test_colab_keeps_its_own_torch_and_triton():
-    """No notebook's Colab cell installs the triton extra: it would replace the torch Colab ships with another
+    """The Colab cell does not install the triton extra: it would replace the torch Colab ships with another
     (torch pins its Triton); an older Triton is refused by ``triton_attention.HAVE_TRITON`` instead."""
-    assert all(badges._colab_setup(f"{n:02d}_x.ipynb") == badges.COLAB_SETUP for n in range(1, 17))
+    assert "[explore]" in badges.COLAB_SETUP and "triton" not in badges.COLAB_SETUP
 
 
 def test_setup_cell_run_again_in_colab_only_changes_folder(monkeypatch):
