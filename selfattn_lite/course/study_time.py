@@ -2,6 +2,7 @@
 
     python -m selfattn_lite.course.study_time [FOLDER]               # the table for every notebook
     python -m selfattn_lite.course.study_time --measure 07 08 [FOLDER]  # re-measure run times (all if none named)
+    python -m selfattn_lite.course.study_time --write [FOLDER]       # set every stated time to its estimate
 
 The estimate of one notebook, in minutes, is
 
@@ -29,7 +30,9 @@ up to the next heading of its level or above) states its own.
 The run seconds come from one execution of each notebook with nbclient (what ``jupyter nbconvert
 --execute`` runs), in a fresh kernel, read back from the cell timings nbclient records; nothing is
 written to the notebook. ``--measure`` re-measures and rewrites RUN_SECONDS
-(``selfattn_lite/data/run_seconds.json``), recording the machine it ran on.
+(``selfattn_lite/data/run_seconds.json``), recording the machine it ran on. ``--write`` sets every
+stated time (opening cells, lessons, optional headings, TEACHING.md's table and total) to its estimate,
+keeping what follows a time (" (two sessions)").
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ import nbformat
 
 __all__ = ["WORDS_PER_MINUTE", "LINES_PER_MINUTE", "FIGURE_MINUTES", "EXERCISE_MINUTES", "TOLERANCE",
            "TOLERANCE_MINUTES", "RUN_SECONDS", "Estimate", "count_words", "estimate", "estimate_cells", "sections",
-           "stated", "parse_stated", "stated_times", "measure", "report", "main"]
+           "stated", "parse_stated", "stated_times", "measure", "report", "write_stated", "main"]
 
 WORDS_PER_MINUTE = 100      # technical prose with math and tables
 LINES_PER_MINUTE = 15       # code read, not written: four seconds a line
@@ -66,6 +69,7 @@ WORD = re.compile(r"\w")
 LINK = re.compile(r"(!?)\[([^\]]*)\]\([^)]*\)")             # ![alt](path) or [text](url)
 HTML_COMMENT = re.compile(r"<!--.*?-->", re.S)
 HEADING = re.compile(r"^(#{1,6})\s+(.*)$")
+TIME_PHRASE = r"about \d+½? (?:minutes?|hours?)"
 
 
 @dataclass
@@ -201,7 +205,7 @@ def stated_times(path: Path) -> dict[str, str]:
     nb = nbformat.read(path, as_version=4)
     first = nb.cells[0].source
     out = {"notebook": re.search(r"\*\*Time:?\*\*:?\s*([^\n.]*)", first).group(1).strip()}
-    for number, text in re.findall(r"Lesson (\d+)\b[^\n]*?\((about \d+ minutes)\)", first):
+    for number, text in re.findall(r"Lesson (\d+)\b[^\n]*?\((about \d+½? (?:minutes?|hours?))\)", first):
         out[f"lesson {number}"] = text
     for cell in nb.cells:
         if cell.cell_type == "markdown":
@@ -283,6 +287,53 @@ def report(folder: Path = ROOT / "notebooks") -> list[dict]:
     return rows
 
 
+def _set_times(path: Path) -> bool:
+    """Rewrite one notebook's stated times to its estimates; True when something changed."""
+    nb = nbformat.read(path, as_version=4)
+    parts = estimate(path)
+    said = {name: stated(e.minutes) for name, e in parts.items()}
+    first = nb.cells[0].source
+    new = re.sub(r"(\*\*Time:?\*\*:?\s*)" + TIME_PHRASE, lambda m: m.group(1) + said["notebook"], first, count=1)
+    new = re.sub(r"(Lesson (\d+)\b[^\n]*?\()" + TIME_PHRASE + r"(\))",
+                 lambda m: m.group(1) + said[f"lesson {m.group(2)}"] + m.group(3), new)
+    new = re.sub(r"(lesson (\d+) )" + TIME_PHRASE, lambda m: m.group(1) + said[f"lesson {m.group(2)}"], new)
+    changed = new != first
+    nb.cells[0].source = new
+    for cell in nb.cells[1:]:
+        if cell.cell_type != "markdown":
+            continue
+        head = cell.source.split("\n", 1)[0]
+        match = re.match(r"(#{1,6}\s+Optional:\s*(.*?)\s*\()about [^)]*(\)\s*)$", head)
+        if match:
+            line = match.group(1) + said[f"optional: {match.group(2)}"] + match.group(3)
+            if line != head:
+                cell.source, changed = line + cell.source[len(head):], True
+    if changed:
+        nbformat.write(nb, path)
+    return changed
+
+
+def write_stated(folder: Path = ROOT / "notebooks", teaching: Path = ROOT / "TEACHING.md") -> list[str]:
+    """Set every notebook's stated times to its estimates, then TEACHING.md's rows and total to the
+    notebooks' opening cells. Returns the names of the notebooks whose times changed."""
+    changed = [path.stem for path in _notebooks(folder) if _set_times(path)]
+    text = teaching.read_text()
+    minutes = {}
+    for path in _notebooks(folder):
+        nn, phrase = path.stem[:2], stated_times(path)["notebook"]
+        minutes[int(nn)] = parse_stated(phrase)
+        exercises = estimate(path)["notebook"].exercises
+        text = re.sub(rf"^(\| {nn} · [^|]+ \| )[^|]+?( \| )\d+( \|)$",
+                      lambda m, p=phrase, x=exercises: f"{m.group(1)}{p}{m.group(2)}{x}{m.group(3)}", text, flags=re.M)
+    parts = ", ".join(f"{name} {stated(sum(m for n, m in minutes.items() if low <= n <= high))}"
+                      for name, low, high in (("Part I (01-10)", 1, 10), ("Part II (11-15)", 11, 15),
+                                              ("Part III (16)", 16, 99)))
+    text = re.sub(r"^Altogether about [^:]+: .+\.$", f"Altogether {stated(sum(minutes.values()))}: {parts}.", text,
+                  flags=re.M)
+    teaching.write_text(text)
+    return changed
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m selfattn_lite.course.study_time",
                                      description=__doc__.split("\n\n")[0],
@@ -290,8 +341,15 @@ def main(argv=None) -> None:
     parser.add_argument("folder", nargs="?", default="notebooks", help="folder of NN_*.ipynb")
     parser.add_argument("--measure", nargs="*", metavar="NN", default=None,
                         help="execute these notebooks (all when none is named) and record their run seconds")
+    parser.add_argument("--write", action="store_true",
+                        help="set every stated time (opening cells, lessons, optional sections, TEACHING.md) "
+                             "to its estimate")
     args = parser.parse_args(argv)
-    if args.measure is not None:
+    if args.write:
+        changed = write_stated(Path(args.folder))
+        print(f"stated times set to the estimates; changed: {', '.join(changed) or 'none'}")
+        report(args.folder)
+    elif args.measure is not None:
         measure(Path(args.folder), args.measure or None)
     else:
         report(args.folder)

@@ -139,3 +139,35 @@ def test_the_command_prints_the_table(capsys):
     out = capsys.readouterr().out
     assert f"{WORDS_PER_MINUTE} words/min" in out and "all notebooks:" in out
     assert {r["notebook"] for r in rows} == {p.stem for p in NOTEBOOKS}
+
+
+def test_write_sets_every_stated_time_to_the_estimate(tmp_path):
+    """``--write`` rewrites opening cells, lessons, optional headings and TEACHING.md; a suffix such as
+    "(two sessions)" stays."""
+    folder = tmp_path / "notebooks"
+    folder.mkdir()
+    picked = [p for p in NOTEBOOKS if p.stem[:2] in {"05", "08"}]
+    for path in picked:
+        nb = nbformat.read(path, as_version=4)
+        for cell in nb.cells:
+            if cell.cell_type == "markdown":
+                cell.source = re.sub(r"about \d+½? (minutes|hours)", "about 7 hours", cell.source)
+        nbformat.write(nb, folder / path.name)
+    rows = "\n".join(f"| {p.stem[:2]} · Title | about 9 hours | 0 |" for p in picked)
+    teaching = tmp_path / "TEACHING.md"
+    teaching.write_text(f"# Guide\n\n{rows}\n\nAltogether about 1 hour: Part I (01-10) about 1 hour, "
+                        "Part II (11-15) about 1 hour, Part III (16) about 1 hour.\n")
+    changed = study_time.write_stated(folder, teaching)
+    assert changed == [p.stem for p in picked]
+    for path in picked:
+        parts, said = estimate(folder / path.name), stated_times(folder / path.name)
+        assert set(said) == set(parts)
+        for name, e in parts.items():
+            assert said[name].startswith(stated(e.minutes)), (path.name, name, said[name])
+    assert "(two sessions)" in stated_times(folder / picked[0].name)["notebook"]
+    guide = teaching.read_text()
+    minutes = [estimate(folder / p.name)["notebook"].minutes for p in picked]
+    assert f"| 05 · Title | {stated_times(folder / picked[0].name)['notebook']} | 5 |" in guide
+    total = sum(parse_stated(stated(m)) for m in minutes)
+    assert f"Altogether {stated(total)}: Part I (01-10) {stated(total)}, Part II" in guide
+    assert study_time.write_stated(folder, teaching) == []                    # a second run changes nothing
