@@ -231,8 +231,19 @@ def test_chunked_flops_is_what_the_solution_counts():
 
 # ----------------------------------------------------------------------------- nb08: causal_tiled_attention
 
-def tiled(skip=True, diagonal_mask=True, rescale=True, subtract_max=True, scale=True, full_mask=False):
-    """A causal tiled attention with online softmax; each flag off plants one mistake."""
+def tiled(skip=True, diagonal_mask=True, rescale=True, subtract_max=True, scale=True, full_mask=False,
+          in_place=False):
+    """A causal tiled attention with online softmax; each flag off plants one mistake.
+
+    ``in_place`` runs both tile products as ``Tensor.baddbmm_`` (which torch's FLOP counter alone misses).
+    """
+    def matmul(a, b):                                                    # (..., r, c) @ (..., c, s)
+        if not in_place:
+            return a @ b
+        out = torch.zeros(*a.shape[:-1], b.shape[-1])
+        out.view(-1, *out.shape[-2:]).baddbmm_(a.reshape(-1, *a.shape[-2:]), b.reshape(-1, *b.shape[-2:]))
+        return out
+
     def causal_tiled_attention(q, k, v, block_size):
         n, d = q.shape[-2], q.shape[-1]
         out = torch.empty_like(q)
@@ -244,7 +255,7 @@ def tiled(skip=True, diagonal_mask=True, rescale=True, subtract_max=True, scale=
             l = torch.zeros(q_blk.shape[:-1])
             acc = torch.zeros(q_blk.shape[:-1] + (v.shape[-1],))
             for k0 in range(0, q0 + q_blk.shape[-2] if skip else n, block_size):
-                s = q_blk @ k[..., k0:k0 + block_size, :].transpose(-2, -1)
+                s = matmul(q_blk, k[..., k0:k0 + block_size, :].transpose(-2, -1))
                 cols = torch.arange(k0, k0 + s.shape[-1])[None, :]
                 if full_mask:
                     s = s.masked_fill(big_mask[q0:q0 + s.shape[-2], k0:k0 + s.shape[-1]] == 0, float("-inf"))
@@ -254,7 +265,7 @@ def tiled(skip=True, diagonal_mask=True, rescale=True, subtract_max=True, scale=
                 p = torch.exp(s - m_new[..., None])
                 factor = torch.exp(m - m_new) if (rescale and subtract_max) else torch.ones_like(m)
                 l = l * factor + p.sum(-1)
-                acc = acc * factor[..., None] + p @ v[..., k0:k0 + block_size, :]
+                acc = acc * factor[..., None] + matmul(p, v[..., k0:k0 + block_size, :])
                 m = m_new
             out[..., q0:q0 + block_size, :] = acc / l[..., None]
         return out
@@ -267,10 +278,12 @@ def check_tiled_with_memory(fn):
 
 RIGHT["causal_tiled"] = nb08.check_causal_tiled, tiled()
 RIGHT["causal_tiled_memory"] = check_tiled_with_memory, tiled()
+RIGHT["causal_tiled_in_place"] = nb08.check_causal_tiled, tiled(in_place=True)
 
 
 @pytest.mark.parametrize("wrong,fragment", [
     (tiled(skip=False), "tiles' worth of matmuls"),
+    (tiled(skip=False, in_place=True), "tiles' worth of matmuls"),       # baddbmm_ is counted too
     (tiled(diagonal_mask=False), "right with 1 x 1 tiles"),
     (tiled(skip=False, diagonal_mask=False), "non-causal attention"),
     (tiled(rescale=False), "rescale the running sum"),
