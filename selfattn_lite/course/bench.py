@@ -755,7 +755,7 @@ def _device_line(rows: list[BenchRow]) -> str:
     return line
 
 
-def format_table(rows: list[BenchRow]) -> str:
+def format_table(rows: list[BenchRow], *, versus: str | None = None) -> str:
     """The table a timing cell prints: what ran, then per row its median time, min-max, time / the reference's, error.
 
     The device line names the device, the dtype and the SDPA backend that served the reference row
@@ -765,12 +765,18 @@ def format_table(rows: list[BenchRow]) -> str:
     the error against the reference in ulps of the output's dtype at its magnitude (``ulp``,
     defined in notebook 01), and on a GPU TFLOP/s and the share of the device's published peak
     (``DEVICE_SPECS``). A row whose SDPA backend differs from the reference's names it.
+
+    ``versus`` names the ratio column; by default "vs SDPA" when the reference row's name mentions SDPA,
+    "vs ref" otherwise. Name it after the reference where that row is more than an SDPA call (notebook 12's
+    reference is plain RoPE followed by SDPA, so a bare SDPA row would read as SDPA against itself).
     """
     if not rows:
         return "(no rows)"
     ref = rows[0]
     gpu = not ref.device.startswith("CPU")
-    versus = "vs SDPA" if "SDPA" in ref.name else "vs ref"
+    if versus is None:
+        versus = "vs SDPA" if "SDPA" in ref.name else "vs ref"
+    vw = max(8, len(versus))                                      # the ratio column's width
     lines = [_device_line(rows)]
     convention = (f"{versus} = this row's time / {ref.name}'s (1 = as fast, 2 = twice the time); "
                   f"err = max |this row - {ref.name}| in {ref.dtype} ulps")
@@ -788,7 +794,7 @@ def format_table(rows: list[BenchRow]) -> str:
     header = f"{'implementation':<{w}} "
     if precision:
         header += f"{'computes in':<20} "
-    header += f"{'median ms':>10} {'min-max ms':>17} {versus:>8} {'err (ulps)':>10}"
+    header += f"{'median ms':>10} {'min-max ms':>17} {versus:>{vw}} {'err (ulps)':>10}"
     if gpu:
         header += f" {'TFLOP/s':>8} {'% peak':>7}"
     if backends:
@@ -803,7 +809,7 @@ def format_table(rows: list[BenchRow]) -> str:
             span = f"{lo:.3f}-{hi:.3f}"
         else:
             span = "-"
-        line += f"{r.ms:>10.3f} {span:>17} {r.ratio:>7.2f}x {_fmt(r.err_ulps, '.1f'):>10}"
+        line += f"{r.ms:>10.3f} {span:>17} {r.ratio:>{vw - 1}.2f}x {_fmt(r.err_ulps, '.1f'):>10}"
         if gpu:
             share = None if r.peak_share is None else 100 * r.peak_share
             line += f" {_fmt(r.tflops, '.1f'):>8} {_fmt(share, '.1f'):>7}"
@@ -813,8 +819,8 @@ def format_table(rows: list[BenchRow]) -> str:
     return "\n".join(lines)
 
 
-def print_table(rows: list[BenchRow]) -> None:
-    print(format_table(rows))
+def print_table(rows: list[BenchRow], *, versus: str | None = None) -> None:
+    print(format_table(rows, versus=versus))
 
 
 def plot_rows(rows: list[BenchRow], ax=None, title: str | None = None):

@@ -47,7 +47,7 @@ def context_loss_chart(curves: dict, *, trained_len: int, head_dim: int | None =
     ax.text(trained_len * 1.02, ax.get_ylim()[1] * 0.97, f"trained length {trained_len}", fontsize=8,
             color="#555555", va="top")
     ax.set(xlabel="position in the window (characters of context)", ylabel="held-out loss (nats / char)",
-           title="Mean loss per position bucket, past the trained length")
+           title="Mean loss per position bucket")
     ax.legend(fontsize=8, loc="upper left")
     if scalings and len(axes) > 1:
         plain, _ = scaled_inv_freq(head_dim, base, None)
@@ -124,5 +124,9 @@ class ContextExtensionWidget(HeatmapWidget):
         curves = {"no scaling": (self.positions, self.baseline)}
         if self.scaling is not None:
             curves[label] = (self.positions, self.losses)
-        context_loss_chart(curves, trained_len=self.trained_len, head_dim=self.head_dim, base=self.base,
-                           scalings={"original": None, label: self.scaling}, axes=fig.subplots(1, 2))
+        axes = context_loss_chart(curves, trained_len=self.trained_len, head_dim=self.head_dim, base=self.base,
+                                  scalings={"original": None, label: self.scaling}, axes=fig.subplots(1, 2))
+        n = self.windows.shape[0]
+        axes[0].set_title(f"Mean loss per {self.bucket}-position bucket, positions 0-{self.T}, "
+                          f"{n} window{'s' if n > 1 else ''}", fontsize=10)
+        fig.tight_layout()

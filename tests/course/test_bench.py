@@ -268,6 +268,10 @@ def test_a_cpu_table_has_no_peak_column_and_states_its_conventions(monkeypatch):
     assert first.startswith("device: CPU") and "float32" in first and "SDPA backend: " in first
     assert "% peak" not in table and "FLOP/s" not in table and "spread" not in table
     assert "(1 = as fast, 2 = twice the time)" in convention and "vs SDPA" in header and "err (ulps)" in header
+    named = bench.format_table(rows, versus="vs plain RoPE").splitlines()       # the column named after its reference
+    assert named[1].startswith(f"vs plain RoPE = this row's time / {rows[0].name}'s") and "vs plain RoPE" in named[2]
+    assert len(named[2]) == len(header) + len("vs plain RoPE") - 8               # only that column widens
+    assert named[4].split()[-2] == table.splitlines()[4].split()[-2]             # the same ratio, read the same way
     mps = torch.backends.mps
     monkeypatch.setattr(mps, "is_available", lambda: True)                 # a Mac: the CPU, and the line says so
     assert "MPS is not tested" in bench.format_table(rows).splitlines()[0]

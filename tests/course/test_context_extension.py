@@ -245,5 +245,8 @@ def test_context_extension_widget_measures_what_it_shows():
     torch.testing.assert_close(torch.from_numpy(w.losses),
                                context_eval.bucket_means(context_eval.loss_per_position(model, windows), 64)[0])
     assert w.image.value[:4] == b"\x89PNG"
+    titles = [ax.get_title() for ax in w.figure.axes]                    # the title says the range it plots
+    assert titles[0] == "Mean loss per 64-position bucket, positions 0-256, 1 window"
+    assert "past the trained length" not in " ".join(titles)
     with pytest.raises(ValueError, match="unknown method"):
         viz.ContextExtensionWidget(load_tiny_decoder, windows, 128, context_eval.loss_per_position, kind="alibi")

@@ -81,6 +81,26 @@ def test_nb12_loss_rankings_are_larger_than_the_window_spread(a, a_part, b, b_pa
     assert context_eval.is_ranked(got["mean"], got["sd"]) == (claim != "~")
 
 
+def test_nb12_ntk_rises_more_than_yarn_past_1280():
+    """Cell 27: YaRN's own rise is not shown (a '~' above), which does not say it rises less than NTK-aware;
+    the paired difference of the two rises, window by window, does: ranked, and above 0 on every window."""
+    rise = {m: per_window(m, "past_1280") - per_window(m, "512-1024") for m in ("ntk", "yarn")}   # (n,) each
+    got = context_eval.paired_difference(rise["ntk"], rise["yarn"])
+    assert verdict(got["mean"], got["sd"]) == ">" and got["diffs"].min() > 0
+
+
+def test_nb12_yarn_slows_every_pair_at_least_as_much_as_llama3_and_costs_less_inside_512():
+    """Cell 28: the cost inside 512 is not monotone in the slow-down."""
+    from selfattn_lite.positions import scaled_inv_freq
+
+    scalings = context_eval.scalings(context_eval.FACTOR, context_eval.TRAINED_LEN)
+    slow = {m: 1 / scaled_inv_freq(16, 10000.0, scalings[m])[0].double() for m in ("yarn", "llama3")}
+    ratio = slow["yarn"] / slow["llama3"]                                  # (8,) YaRN's slow-down / Llama 3.1's
+    assert (ratio >= 1 - 1e-6).all() and (ratio[1:4] > 1.2).all()
+    assert verdict(*(lambda d: (d.mean().item(), d.std().item()))(
+        per_window("yarn", "first_512") - per_window("llama3", "first_512"))) == "<"
+
+
 def test_window_losses_are_the_saved_means():
     for method in RESULTS["loss"]:
         for part in ("first_512", "past_512"):
