@@ -1,11 +1,13 @@
 """What attention keeps for its backward pass: explicit attention vs FlashAttention, by formula.
 
 ``saved_for_backward`` counts the bytes each method must keep between the forward and the
-backward pass (beyond q, k, v themselves); ``draw_saved_memory`` plots them against n and
-``BackwardMemoryWidget`` lets a learner pick n, the heads and the head width.
+backward pass, Q, K and V included; ``draw_saved_memory`` plots them against n and
+``BackwardMemoryWidget`` lets a learner pick n, the heads, the head width and the dtype.
 
-    explicit:  the weights P, (B, h, n, n) (its autograd keeps Q, K, P and V, not O)
-    tiled:     the output O, (B, h, n, dv), and one log-sum-exp per query row, (B, h, n), in float32
+    explicit:  Q, K, V and the weights P, (B, h, n, n), in the compute dtype (float32 for half inputs:
+               ``selfattn_lite.attention`` upcasts them); its autograd keeps no O
+    tiled:     Q, K, V and the output O in the input dtype, and one log-sum-exp per query row,
+               (B, h, n), in float32
 """
 
 from __future__ import annotations
@@ -20,24 +22,29 @@ from .core import HeatmapWidget
 __all__ = ["saved_for_backward", "draw_saved_memory", "BackwardMemoryWidget"]
 
 LSE_BYTES = 4                                          # the log-sum-exp is float32 in both kernels
+UPCAST_BYTES = 4                                       # explicit attention computes half inputs in float32
 COLORS = {"explicit": "#D55E00", "tiled": "#0072B2"}   # Okabe-Ito, as bench_efficient
 
 
 def saved_for_backward(n: int, *, B: int = 1, h: int = 8, dv: int = 64, bytes_per_value: int = 4) -> dict:
-    """Bytes kept for the backward pass by each method, q, k, v not counted (both keep them).
+    """Bytes kept for the backward pass by each method, Q, K and V included (head width dk = dv).
 
-    Explicit attention's autograd keeps Q, K, P and V (notebook 11, "What SDPA keeps"); the tiled
-    kernel keeps Q, K, V, O and one log-sum-exp per query row. The log-sum-exp stays float32 whatever
-    the input dtype (SDPA's ``logsumexp`` has the accumulate dtype, ``attention.cpp``; the tiled
+    Explicit attention's autograd keeps Q, K, P and V (notebook 11, "What SDPA keeps"), all in the
+    dtype it computes in: ``selfattn_lite.attention`` upcasts half-precision inputs to float32
+    (``upcast_dtype``), so under bf16 it keeps float32 copies of Q, K and V and a float32 P. The tiled
+    kernel keeps Q, K, V and O in the input dtype and one log-sum-exp per query row, which stays float32
+    whatever the input dtype (SDPA's ``logsumexp`` has the accumulate dtype, ``attention.cpp``; the tiled
     kernel computes its row statistics in float32), so it costs 4 bytes a row also under bf16.
 
     Returns:
-        {"explicit": B h n^2 bytes_per_value (P), "tiled": B h (n dv bytes_per_value + 4 n) (O and lse)}.
+        {"explicit": B h (3 n dv + n^2) c, "tiled": B h (4 n dv bytes_per_value + 4 n)}, where c, the
+        explicit path's bytes per value, is 4 for 2-byte (half) inputs and bytes_per_value otherwise.
     """
     for name, x in (("n", n), ("B", B), ("h", h), ("dv", dv), ("bytes_per_value", bytes_per_value)):
         check_int(name, x, low=1)
-    return {"explicit": B * h * n * n * bytes_per_value,
-            "tiled": B * h * (n * dv * bytes_per_value + n * LSE_BYTES)}
+    compute_bytes = UPCAST_BYTES if bytes_per_value == 2 else bytes_per_value
+    return {"explicit": B * h * (3 * n * dv + n * n) * compute_bytes,
+            "tiled": B * h * (4 * n * dv * bytes_per_value + n * LSE_BYTES)}
 
 
 def draw_saved_memory(n: int, *, h: int = 8, dv: int = 64, bytes_per_value: int = 4, ax: Axes | None = None,
@@ -48,15 +55,16 @@ def draw_saved_memory(n: int, *, h: int = 8, dv: int = 64, bytes_per_value: int 
     ns = np.unique(np.geomspace(256, max_n, 30).astype(int))
     for method in ("explicit", "tiled"):
         mib = [saved_for_backward(int(m), h=h, dv=dv, bytes_per_value=bytes_per_value)[method] / 2**20 for m in ns]
-        ax.plot(ns, mib, color=COLORS[method], label=f"{method}: " + ("P" if method == "explicit" else
-                                                                      "O and the log-sum-exp"))
+        ax.plot(ns, mib, color=COLORS[method], label=f"{method}: " + ("Q, K, V and P" if method == "explicit" else
+                                                                      "Q, K, V, O and the log-sum-exp"))
         here = saved_for_backward(n, h=h, dv=dv, bytes_per_value=bytes_per_value)[method] / 2**20
         ax.plot([n], [here], "o", color=COLORS[method])
         ax.annotate(f"{here:,.1f} MiB", (n, here), textcoords="offset points", xytext=(6, -12 if method == "tiled"
                                                                                         else 6), fontsize=8)
     saved = saved_for_backward(n, h=h, dv=dv, bytes_per_value=bytes_per_value)
     ax.set(xscale="log", yscale="log", xlabel="sequence length n", ylabel="kept for the backward pass (MiB)",
-           title=f"One layer, B=1, h={h}, dv={dv}, {bytes_per_value} bytes/value, n={n}:\n"
+           title=f"One layer, B=1, h={h}, dk = dv = {dv}, {bytes_per_value}-byte inputs"
+                 + (" (explicit: float32)" if bytes_per_value == 2 else "") + f", n={n}:\n"
                  f"explicit keeps {saved['explicit'] / saved['tiled']:,.0f}x what the tiled kernel keeps")
     ax.title.set_fontsize(9)
     ax.grid(True, which="both", alpha=0.3)

@@ -211,6 +211,9 @@ def test_nb11_mqa_mha_over_the_windows_of_seed_0():
     seed_diffs = [x - y for x, y in zip(seed_losses("tiny_mqa").tolist(), seed_losses("tiny_mha").tolist(), strict=True)]
     seed_se = (sum(seed_diffs) / 3) / paired_t(seed_diffs)
     assert se16 > 2 * seed_se                        # the windows, not the seeds, dominate the 16-window error
+    seed_sd = math.sqrt(sum((d - sum(seed_diffs) / 3) ** 2 for d in seed_diffs) / 2)
+    assert seed_sd > 0.5 * se_all                   # the seeds move the difference about as much as the windows do
+    assert mqa.n_params() < mha.n_params()          # and MQA is a smaller model: the two effects come together
 
 # ------------------------------------------------------------------ notebook 12: attention entropy
 ENTROPY = {key: torch.tensor(RESULTS["entropy"]["per_window"][key], dtype=torch.float64)   # (lengths, windows)

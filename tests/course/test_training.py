@@ -124,8 +124,10 @@ def test_backward_benchmark_measures_and_checks_all_gradients(tmp_path):
 
 def test_saved_for_backward_formula_and_widget():
     saved = saved_for_backward(1024, h=4, dv=32, bytes_per_value=2)
-    assert saved == {"explicit": 4 * 1024 * 1024 * 2, "tiled": 4 * (1024 * 32 * 2 + 1024 * 4)}   # lse: float32
-    assert saved_for_backward(1024, h=4, dv=32)["tiled"] == 4 * (1024 * 32 + 1024) * 4
+    assert saved == {"explicit": 4 * (3 * 1024 * 32 + 1024 * 1024) * 4,        # bf16 inputs: explicit upcasts
+                     "tiled": 4 * (4 * 1024 * 32 * 2 + 1024 * 4)}               # Q, K, V, O in bf16; lse float32
+    assert saved_for_backward(1024, h=4, dv=32) == {"explicit": 4 * (3 * 1024 * 32 + 1024 * 1024) * 4,
+                                                    "tiled": 4 * (4 * 1024 * 32 + 1024) * 4}
     with pytest.raises(ValueError, match="n must be a positive int"):
         saved_for_backward(0)
     widget = BackwardMemoryWidget(n=512, h=2)
@@ -135,3 +137,30 @@ def test_saved_for_backward_formula_and_widget():
     widget.bytes_choice.value = 2
     assert widget.saved["tiled"] == saved_for_backward(2048, h=2, bytes_per_value=2)["tiled"]
     assert widget.image.value[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_saved_for_backward_is_what_the_autograd_graphs_keep(dtype):
+    """The formula against the bytes the two graphs save: explicit (upcast under bf16) and the tiled node."""
+    import selfattn_lite as sal
+    from selfattn_lite import efficient
+
+    leaves = [torch.randn(1, 2, 128, 32, generator=torch.Generator().manual_seed(i)).to(dtype).requires_grad_()
+              for i in range(3)]
+    storages, todo, seen = {}, [sal.scaled_dot_product_attention(*leaves)[0].grad_fn], set()
+    while todo:                                               # every _saved_ tensor, one entry per storage
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        for name in dir(node):
+            value = getattr(node, name) if name.startswith("_saved_") else None
+            if isinstance(value, torch.Tensor) and value.dim():      # the 0-dim scale left out
+                storages[value.untyped_storage().data_ptr()] = value.numel() * value.element_size()
+        todo.extend(parent for parent, _ in node.next_functions)
+    node = efficient.flash_attention(*leaves).grad_fn
+    while "_FlashAttention" not in node.name():
+        node = node.next_functions[0][0]
+    tiled = sum(t.numel() * t.element_size() for t in node.saved_tensors)
+    expected = saved_for_backward(128, h=2, dv=32, bytes_per_value=dtype.itemsize)
+    assert sum(storages.values()) == expected["explicit"] and tiled == expected["tiled"]
