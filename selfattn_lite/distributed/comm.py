@@ -30,7 +30,8 @@ class Counters:
     and their gradient accumulators), "all_to_all" (Ulysses, forward and backward), "meta" (the
     shapes every call exchanges first). ``scores`` counts (query row, key row) pairs computed,
     per batch-head (a masked pair inside a computed tile counts; a skipped tile does not).
-    ``kv_held`` is the most bytes of K/V blocks the ring forward held at once (``hold``).
+    ``kv_held`` is the most bytes of K/V blocks the ring forward held at once, by its own list of the blocks
+    it holds (``hold``): a count of those tensors, not an allocator's reading.
     ``by_tensor``: the same bytes again, per tensor sent, where the sender names it (Ulysses: "q", "k",
     "v", "out" in the forward, "dq", "dk", "dv", "dout" in the backward).
     """
@@ -51,7 +52,7 @@ class Counters:
             self.by_tensor[tensor] = self.by_tensor.get(tensor, 0) + int(nbytes)
 
     def hold(self, *tensors: Tensor) -> None:
-        """Measure the bytes of the distinct tensors held now (one held twice counts once); keep the most."""
+        """Count the bytes of the distinct tensors named as held now (one named twice counts once); keep the most."""
         for i, t in enumerate(tensors):
             check_tensor(f"tensors[{i}]", t)
         distinct = {t.data_ptr(): t.nbytes for t in tensors}

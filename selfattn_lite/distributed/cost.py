@@ -177,12 +177,17 @@ def max_sequence_length(n_devices: int, gib_per_device: float, *, d_model: int, 
       4 d_kv b + (d + 2 d_kv) b + (d + 4 d_kv) max(b, 4) bytes. Not this package's ``ring_attention``,
       which computes in float32 and, for half inputs, also holds float32 copies of q, the output,
       dO and each K/V block;
-      Ulysses: after the all-to-all, q and the output of h/W heads over all L rows (L d / W values
-      each, as many as the shard's own) and k, v of R h_kv / W heads *replace* the shard-local tensors
-      as what the attention saves (the shard-local q is not needed for the backward): beyond A, only the
-      R - 1 extra K/V copies, 2 (R - 1) d_kv; in the backward the head-layout dq, dk, dv are held
-      while their all-to-all back fills the shard-layout ones (in A): d + 2 R d_kv more. In all
-      d + (4 R - 2) d_kv, R = ``kv_replication``; None when W does not divide the query heads.
+      Ulysses: after the all-to-all, q of h/W heads over all L rows (L d / W values, as many as the
+      shard's own) and k, v of R h_kv / W heads *replace* the shard-local q, k, v as what the attention
+      saves (the projections save their inputs, so the shard-local q, k, v are not needed for the
+      backward): beyond A, the R - 1 extra K/V copies, 2 (R - 1) d_kv. The output is not replaced:
+      the kernel saves its head-layout output (d values per token of the shard), and ``o_proj`` saves
+      its own input, the shard-layout output the second all-to-all returns, a distinct tensor (on one
+      device and in the ring the two are one tensor, counted once in A): d more. In the backward the
+      head-layout dq, dk, dv are held while their all-to-all back fills the shard-layout ones (in A):
+      d + 2 R d_kv more (the head-layout dO takes the place of the shard-layout one, which its
+      all-to-all has consumed and freed). In all 2 d + (4 R - 2) d_kv, R = ``kv_replication``; None
+      when W does not divide the query heads.
 
       Left out, for both: the attention kernel's workspace (FlashAttention-2's backward allocates
       its own float32 dQ accumulator, 4 d bytes per token), the layout copies around an all-to-all,
@@ -252,7 +257,7 @@ def max_sequence_length(n_devices: int, gib_per_device: float, *, d_model: int, 
                  "ring": max(base * b + spread * (4 * d_kv * b + (d_model + 2 * d_kv) * b
                                                   + (d_model + 4 * d_kv) * max(b, 4)), loss),
                  "ulysses": None if copies is None else
-                 max((base + spread * (d_model + (4 * copies - 2) * d_kv)) * b, loss)}
+                 max((base + spread * (2 * d_model + (4 * copies - 2) * d_kv)) * b, loss)}
     return {"single": int(budget / per_token["single"]) // 2 * 2, "ring": down(budget * n / per_token["ring"]),
             "ulysses": None if copies is None else down(budget * n / per_token["ulysses"]),
             "bytes_per_token": per_token}

@@ -10,7 +10,7 @@ the partial result with the log-sum-exp rule
 (the online softmax of notebook 08, one block of keys at a time). After W steps every query has
 seen every key. A rank holds its own K/V shard throughout (its caller keeps it, and the backward
 needs it), the block it computes with, and the one arriving: at most three blocks, 3/W of the whole
-K/V capped at all of it, so less than the whole only for W >= 4 (``counters.kv_held`` measures it).
+K/V capped at all of it, so less than the whole only for W >= 4 (``counters.kv_held`` counts it).
 Liu et al. count two buffers (current and arriving); the third here is the rank's own shard, kept
 for the backward.
 """
@@ -255,9 +255,9 @@ class _RingAttention(torch.autograd.Function):
                 incoming = (k_next, v_next)
             counters.hold(k, v, k_blk, v_blk, *incoming)     # own shard, the block in use, the one arriving
             for rows, cols, _, mask in ring_tiles(segs[rank], segs[src], is_causal=is_causal):
-                o, s = block_attention(q[..., rows, :], k_blk[..., cols, :], v_blk[..., cols, :], scale=scale,
-                                       mask=None if mask is None else mask.to(q.device))
-                out[..., rows, :], lse[..., rows] = merge_partials(out[..., rows, :], lse[..., rows], o, s)
+                o, lse_o = block_attention(q[..., rows, :], k_blk[..., cols, :], v_blk[..., cols, :], scale=scale,
+                                           mask=None if mask is None else mask.to(q.device))
+                out[..., rows, :], lse[..., rows] = merge_partials(out[..., rows, :], lse[..., rows], o, lse_o)
                 counters.scores += (rows.stop - rows.start) * (cols.stop - cols.start)
             wait_all(requests)
             if step < world - 1:

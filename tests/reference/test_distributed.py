@@ -178,20 +178,23 @@ def test_max_sequence_length_calculator():
     assert D.max_sequence_length(2, 80, **kw)["ring"] == int(80 * 2**30 * 2 / ring_pt) // 4 * 4
     sixteen = D.max_sequence_length(16, 80, **kw)
     # 16 ranks, 8 K/V heads: each K/V head replicated twice; the 32 query heads cap the degree at 32
-    # Ulysses: the head-layout tensors replace the shard's; beyond A the K/V copies (2 (R - 1) d_kv) and the
-    # head-layout dq, dk, dv during the backward's all-to-all (d + 2 R d_kv)
-    budget = 80 * 2**30 * 16 / (per_token + (4096 + (4 * 2 - 2) * 1024) * 2)
+    # Ulysses: the head-layout q, k, v replace the shard's; beyond A the K/V copies (2 (R - 1) d_kv), the kernel's
+    # head-layout output beside the shard-layout one o_proj saves (d), and the head-layout dq, dk, dv during the
+    # backward's all-to-all (d + 2 R d_kv): 2 d + (4 R - 2) d_kv
+    budget = 80 * 2**30 * 16 / (per_token + (2 * 4096 + (4 * 2 - 2) * 1024) * 2)
     assert sixteen["ulysses"] == int(budget) // 32 * 32
     assert D.max_sequence_length(32, 80, **kw)["ulysses"] is not None
     assert D.max_sequence_length(64, 80, **kw)["ulysses"] is None
     for n in (2, 4, 8, 16, 32):
         row = D.max_sequence_length(n, 80, **kw)
         assert row["bytes_per_token"]["ring"] == ring_pt                    # the ring's count does not depend on W
-        assert row["bytes_per_token"]["ulysses"] == per_token + (4096 + (4 * D.kv_replication(32, 8, n) - 2) * 1024) * 2
+        assert row["bytes_per_token"]["ulysses"] == per_token + (2 * 4096 + (4 * D.kv_replication(32, 8, n) - 2) * 1024) * 2
     assert one["ring"] == one["ulysses"] == one["single"]              # one device: nothing travels
-    mha = dict(d_model=4096, n_layers=32, n_heads=32, ffn_dim=11008)    # MHA: ring 7 d (bf16) + 5 d (fp32), Ulysses 3 d
+    mha = dict(d_model=4096, n_layers=32, n_heads=32, ffn_dim=11008)    # MHA: ring 7 d (bf16) + 5 d (fp32), Ulysses 4 d
     mha8 = D.max_sequence_length(8, 80, **mha)
-    assert mha8["bytes_per_token"]["ring"] - mha8["bytes_per_token"]["ulysses"] == (7 * 2 + 5 * 4 - 3 * 2) * 4096
+    assert mha8["bytes_per_token"]["ring"] - mha8["bytes_per_token"]["ulysses"] == (7 * 2 + 5 * 4 - 4 * 2) * 4096
+    # Ulysses' output is held twice (the kernel's head layout, o_proj's shard layout): d more than one device's count
+    assert mha8["bytes_per_token"]["ulysses"] - mha8["bytes_per_token"]["single"] == (2 * 4096 + 2 * 4096) * 2
     fp32 = D.max_sequence_length(8, 80, **mha, bytes_per_value=4)      # float32 model: the accumulators are 4 bytes too
     assert fp32["bytes_per_token"]["ring"] - fp32["bytes_per_token"]["single"] == 12 * 4096 * 4
     with pytest.raises(ValueError, match="nothing left"):
