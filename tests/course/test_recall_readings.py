@@ -3,8 +3,8 @@ from the JSON records with its own arithmetic.
 
 The floor is recounted here from the evaluation rows (per query, 1 / the number of distinct values among the row's
 pairs, by plain Python), and the rows are tied to the records by their sha256, hashed here; the selection rule, the
-standings against the floor, the pairwise rankings, the loss tails and the budget check are written out again from
-the records' numbers; the distance readings re-evaluate the shipped models on rows of seeds the notebook does not
+standings against the floor, the pairwise rankings, the loss tails and the budget check (the brackets, and seed by seed: each seed's 6,000-step
+accuracy minus its own 3,000-step one) are written out again from the records' numbers; the distance readings re-evaluate the shipped models on rows of seeds the notebook does not
 use, with Gated DeltaNet's gate and S6's decay recomputed from the weights and the retention exp(g_{p+1} + ... + g_t)
 summed query by query.
 """
@@ -119,6 +119,13 @@ def test_the_selection_and_which_rates_leave_the_floor():
                   for lr in tried_rates(m)) for m in MIXERS}
     assert off == {"attention": 1, "window": 0, "linear": 4, "delta": 3, "gated_delta": 1, "s6": 0, "hybrid": 0,
                    "hybrid_1in4": 2}
+    # bracketed only where the chosen rate leaves the floor and a tried rate lies on each side of it
+    val = {m: {lr: mean(RUNS[name(m, lr, 0)]["val"]["accuracy"].values()) for lr in tried_rates(m)} for m in MIXERS}
+    bracketed = [m for m in MIXERS if val[m][CHOSEN[m]] - floor_mean > MARGIN
+                 and min(tried_rates(m)) < CHOSEN[m] < max(tried_rates(m))
+                 and all(x <= val[m][CHOSEN[m]] for x in val[m].values())]
+    assert bracketed == ["attention", "linear", "delta", "gated_delta", "hybrid_1in4"]
+    assert [m for m in MIXERS if all(x - floor_mean <= MARGIN for x in val[m].values())] == ["window", "s6", "hybrid"]
 
 
 def standing(run: str, accuracy=None) -> str:
@@ -185,11 +192,14 @@ def test_best_and_median_seed_readings():
     assert min(acc(r, "16") for r in seeds("delta")) < 0.8                # the delta rule's third seed
 
 
-def test_the_largest_rows_sit_at_the_read_out_bound():
+def test_the_largest_rows_against_the_read_out_bounds():
     for m in ("linear", "delta", "gated_delta", "s6"):
         config = RUNS[seeds(m)[0]]["config"]
-        per_query = config["d_state"] if m == "s6" else config["d_model"] // config["n_heads"]
-        assert per_query == 16 and max(int(p) for p in PAIRS) == per_query       # at the bound, not below it
+        per_head = config["d_state"] if m == "s6" else config["d_model"] // config["n_heads"]
+        per_layer = config["d_state"] if m == "s6" else config["n_heads"] * per_head     # a layer's query: h x dk
+        assert per_head == 16 and max(int(p) for p in PAIRS) == per_head          # at the per-head bound
+        # per layer: at S6's N; half of a two-head layer's h x dk = 32 (values of a head's width)
+        assert per_layer == (16 if m == "s6" else 32) and config["n_heads"] == 2
     for m in ("gated_delta", "linear"):
         assert all(acc(r, "4") - acc(r, "16") > 0.1 for r in seeds(m))
 
@@ -236,6 +246,7 @@ def test_the_budget_check_reruns_every_seed_at_twice_the_steps():
     change = {m: [bracket([long_acc(r, p) for r in seeds(m)], [acc(r, p) for r in seeds(m)]) for p in PAIRS]
               for m in MIXERS}
     assert change["gated_delta"] == ["~", "~", ">", ">"]            # 3,000 steps were not enough at 12, 16 pairs
+    assert change["window"] == [">", "~", "~", "~"]                 # the windows: at 4 pairs, still below the floor
     assert all(c == "~" for m in ("attention", "linear", "delta") for c in change[m])
     above = {m: sum(long_standing(r) == "above" for r in seeds(m)) for m in MIXERS}
     assert above == {"attention": 2, "window": 0, "linear": 3, "delta": 3, "gated_delta": 3, "s6": 0, "hybrid": 1,
@@ -243,6 +254,26 @@ def test_the_budget_check_reruns_every_seed_at_twice_the_steps():
     assert all(long_standing(r) == "below" for r in seeds("window"))
     assert all(long_standing(r) == "on the floor" for r in seeds("s6") + ["attention_lr3e-3_s2"])
     assert long_standing("hybrid_1in4_lr1e-2_s2") == "above" and standing("hybrid_1in4_lr1e-2_s2") == "on the floor"
+    runs = [r for m in MIXERS for r in seeds(m)]
+    assert {r for r in runs if long_standing(r) != standing(r)} == {"hybrid_lr3e-3_s1", "hybrid_1in4_lr1e-2_s2"}
+
+
+def test_the_budget_check_seed_by_seed():
+    """Same seed, same initialisation and training stream: each seed's 6,000-step accuracy minus its 3,000-step one."""
+    for name_, long in BUDGET.items():
+        assert long["data_seed"] == RUNS[name_.removesuffix("_steps6000")]["data_seed"] == 1000 + long["seed"]
+    diff = {r: [long_acc(r, p) - acc(r, p) for p in PAIRS] for m in MIXERS for r in seeds(m)}
+    gains = [m for m in MIXERS if all(x > 0 for r in seeds(m) for x in diff[r])]
+    assert gains == ["attention", "window", "linear", "gated_delta", "s6", "hybrid"]
+    fell = [r for r in diff if any(x < 0 for x in diff[r])]
+    assert fell == ["delta_lr1e-2_s2", "hybrid_1in4_lr1e-2_s0"]
+    assert all(all(x < 0 for x in diff[r]) for r in fell)                          # at every number of pairs
+    assert all(diff[r][-1] == min(diff[r]) for r in fell)                          # most at 16 pairs
+    assert diff["delta_lr1e-2_s2"][-1] < -0.1 and diff["hybrid_1in4_lr1e-2_s0"][-1] < -0.5
+    assert all(diff[r][-1] > 0.05 for r in seeds("gated_delta"))
+    assert all(0 < x < 0.05 for r in seeds("linear") for x in diff[r])
+    for r in seeds("attention")[:2] + seeds("delta")[:2]:                         # near the ceiling
+        assert all(acc(r, p) > 0.95 for p in PAIRS) and all(abs(x) < 0.02 for x in diff[r])
 
 
 def test_rankings_at_twice_the_steps():
