@@ -64,6 +64,20 @@ def test_scores_on_the_evaluation_rows_match_the_formula():
         assert (scores["most_frequent"][~asked] == 0).all()
 
 
+def test_striking_out_shown_answers_scores_h_n_over_n_where_values_are_distinct():
+    """Notebook rows show each answer after its query: with n distinct values the r-th query has n - r + 1 left,
+    so striking out the asked ones scores (1 + 1/2 + ... + 1/n) / n, far above the static floor (notebook 16)."""
+    n = 8
+    inputs, targets = mqar(400, 4 * n, n, 64, generator=torch.Generator().manual_seed(3))
+    scores, asked = no_recall_scores(inputs, targets, 64)["strike_asked"], targets != IGNORE_INDEX
+    harmonic = sum(1 / r for r in range(1, n + 1)) / n
+    distinct = [b for b in range(inputs.shape[0]) if len(set(inputs[b, 1:2 * n:2].tolist())) == n]
+    assert len(distinct) > 100
+    for b in distinct:
+        assert math.isclose(scores[b][asked[b]].mean().item(), harmonic, rel_tol=1e-12)
+    assert scores[asked].mean().item() > 1.5 * no_recall_floor(n, 64)["floor"]
+
+
 @pytest.mark.parametrize("n", [1, 4, 16])
 def test_no_recall_loss_is_the_loss_of_predicting_each_value_by_its_share(n):
     """On 3000 drawn rows, -log(count of the answer / n), averaged: the loss of that prediction, by simulation."""
