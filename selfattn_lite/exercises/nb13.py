@@ -360,7 +360,7 @@ def check_softcap_score_mod(make_mod) -> None:
 
 
 def check_cache_positions(fn) -> None:
-    """``fn(kept (C,), n_sink) -> (C,)``: StreamingLLM's position for each slot of a sink cache.
+    """``fn(kept (n_kept,), n_sink) -> (n_kept,)``: StreamingLLM's position for each slot of a sink cache.
 
     ``kept`` is ``SinkKVCache.kept_positions()``: the original position each slot holds, in slot order. The
     sinks keep 0 .. n_sink-1; the window's keys get n_sink, n_sink + 1, ... from the oldest to the newest,
