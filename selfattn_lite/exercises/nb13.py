@@ -121,8 +121,10 @@ def check_crossover_batch(fn) -> None:
     intensity = layer.n_heads * (2 * layer.kv_lora_rank + layer.qk_rope_head_dim) / (
         layer.kv_lora_rank + layer.qk_rope_head_dim)                        # FLOP per cached byte, bf16
     batch = weights // cache + 1
-    # DeepSeek-V2's MoE layer (config.json: 160 routed and 2 shared experts of 3 x 5120 x 1536, 6 routed a token)
+    # DeepSeek-V2's MoE layer (config.json: 160 routed and 2 shared experts of 3 x 5120 x 1536, 6 routed a token;
+    # the router, transformers' DeepseekV2TopkRouter, holds one 5120-wide row per routed expert, no bias)
     experts = 162 * 3 * shape["d_model"] * 1536
+    router = 160 * shape["d_model"]
     untouched = 160 * (1 - 6 / 160) ** batch                # expected, were the tokens routed uniformly at random
     return passed(f"weights are read once per step, the cache once per sequence: DeepSeek-V2's attention layer "
                   f"({weights / 1e6:.1f}M weights) at {n_tokens:,} cached tokens ({cache / 1e6:.2f}M values per "
@@ -133,8 +135,8 @@ def check_crossover_batch(fn) -> None:
                   f"That is the attention layer alone: each of DeepSeek-V2's MoE layers holds {experts / 1e9:.1f}G "
                   f"expert weights ({experts / weights:.0f} times the attention layer's), and {batch} tokens, 6 "
                   f"routed experts each, routed at random would leave about {untouched:.0f} "
-                  f"of the 160 untouched: with every expert read, a layer's cache outweighs its weights only from "
-                  f"batch {(weights + experts) // cache + 1:,} on")
+                  f"of the 160 untouched: with every expert and the router read, a layer's cache outweighs its "
+                  f"weights only from batch {(weights + router + experts) // cache + 1:,} on")
 
 
 _DECODE_SHAPES = dict(d_model=24, n_heads=3, kv_lora_rank=16, qk_nope_head_dim=4, qk_rope_head_dim=2, v_head_dim=5)
@@ -358,7 +360,7 @@ def check_softcap_score_mod(make_mod) -> None:
 
 
 def check_cache_positions(fn) -> None:
-    """``fn(kept (C,), n_sink) -> (C,)``: StreamingLLM's position for each slot of a sink cache.
+    """``fn(kept (n_kept,), n_sink) -> (n_kept,)``: StreamingLLM's position for each slot of a sink cache.
 
     ``kept`` is ``SinkKVCache.kept_positions()``: the original position each slot holds, in slot order. The
     sinks keep 0 .. n_sink-1; the window's keys get n_sink, n_sink + 1, ... from the oldest to the newest,

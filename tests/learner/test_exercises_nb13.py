@@ -70,6 +70,19 @@ def test_crossover_cases_hold_a_tie_and_a_batch_of_one():
     assert crossover_right(v2, n) == 127
 
 
+def test_crossover_message_counts_the_moe_layer_with_its_router(capsys):
+    """The pass message's whole-layer batch counts DeepSeek-V2's attention layer, its 162 experts and its router
+    (transformers' DeepseekV2TopkRouter: a (160, 5120) weight, no bias), worked out here by hand."""
+    check.check_crossover_batch(crossover_right)
+    out = capsys.readouterr().out
+    attention = 149_227_520
+    experts = 162 * 3 * 5120 * 1536                                  # 160 routed + 2 shared, gate, up and down
+    router = 160 * 5120
+    cache = 2048 * (512 + 64)
+    assert (attention + experts + router) // cache + 1 == 3368 != (attention + experts) // cache + 1
+    assert "from batch 127 on" in out and "from batch 3,368 on" in out and "router" in out
+
+
 def cache_positions_right(kept, n_sink):
     return torch.cat([kept[:n_sink], n_sink + kept[n_sink:].argsort().argsort()])
 
