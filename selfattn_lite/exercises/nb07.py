@@ -143,6 +143,7 @@ def check_mean_pool(fn) -> None:
 
 
 CACHE_DTYPES = (2, 1, 0.5)   # bytes per cached value: bf16, 8-bit, 4-bit
+SCALE_BYTES = 2 / 128        # a common 4-bit layout's overhead: one 2-byte scale per block of 128 values
 
 
 def _kv_options(p) -> list[int]:
@@ -157,6 +158,20 @@ def _plans(name, batch, seq_len, gpu_bytes, weight_bytes, *, weights=True, kv_fa
     fixed = p.weight_bytes(weight_bytes) if weights else 0
     return {(h, b) for h in options for b in CACHE_DTYPES
             if fixed + kv_factor * p.kv_bytes(seq_len, batch if batch_factor else 1, b, n_kv_heads=h) <= gpu_bytes}
+
+
+def _scales_verdict(name, batch, seq_len, gpu_bytes, weight_bytes) -> str:
+    """What the budget's exact 0.5 byte per 4-bit value hides: the 4-bit-cache plan with the most K/V heads that
+    fits, its bytes, and its bytes with ``SCALE_BYTES`` more per 4-bit value (the cache's, and the weights' if 4-bit)."""
+    p = get_preset(name)
+    h = max(h for h, b in _plans(name, batch, seq_len, gpu_bytes, weight_bytes) if b == 0.5)
+    used = p.weight_bytes(weight_bytes) + p.kv_bytes(seq_len, batch, 0.5, n_kv_heads=h)
+    scaled = (p.weight_bytes(weight_bytes + (SCALE_BYTES if weight_bytes == 0.5 else 0))
+              + p.kv_bytes(seq_len, batch, 0.5 + SCALE_BYTES, n_kv_heads=h))
+    verdict = "no longer fits" if scaled > gpu_bytes else "still fits"
+    return (f"that plan ({h} K/V heads) uses {used / 1e9:.1f} of the {gpu_bytes / 1e9:.0f} GB, counting exactly 0.5 "
+            f"byte per 4-bit value; with one 2-byte scale per 128 values in weights and cache it needs "
+            f"{scaled / 1e9:.1f} GB and {verdict}")
 
 
 def check_serving_plans(fn) -> None:
@@ -201,6 +216,6 @@ def check_serving_plans(fn) -> None:
         raise ExerciseError(f"{where}: expected {sorted(want)}; missing {missing}, not fitting but returned {extra}")
     return passed("weights + 2 x layers x kv_heads x head_dim x tokens x batch x bytes <= the GPU; Llama-3-70B "
                   "at 32 x 32k tokens fits 80 x 10^9 bytes only with 4-bit weights, and then with at most 4 K/V "
-                  "heads, those in a 4-bit cache (at 80 GiB, 85.9 x 10^9 bytes, 8-bit weights with 1 K/V head in a "
-                  "4-bit cache fit too)")
+                  f"heads, those in a 4-bit cache; {_scales_verdict(*cases[0])} (at 80 GiB, 85.9 x 10^9 bytes, "
+                  "8-bit weights with 1 K/V head in a 4-bit cache fit too)")
 

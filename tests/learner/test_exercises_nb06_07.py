@@ -409,6 +409,18 @@ def test_serving_plans_accepts_the_n_heads_divisor_rule(capsys):
     assert "Correct" in capsys.readouterr().out
 
 
+def test_serving_plans_says_what_the_4bit_scales_do(capsys):
+    """The tightest plan's margin and its fate with one 2-byte scale per 128 values, recomputed by hand."""
+    nb07.check_serving_plans(plans_that_fit)
+    out = capsys.readouterr().out
+    layers, kv_heads, head_dim, tokens, batch, n_params = 80, 4, 128, 32768, 32, get_preset("Llama-3-70B").n_params
+    cache_values = 2 * layers * kv_heads * head_dim * tokens * batch
+    used = n_params * 0.5 + cache_values * 0.5
+    scaled = (n_params + cache_values) * (0.5 + 2 / 128)
+    assert used <= 80e9 < scaled                                # fits as counted, not with the scales
+    assert f"uses {used / 1e9:.1f} of the 80 GB" in out and f"needs {scaled / 1e9:.1f} GB and no longer fits" in out
+
+
 @pytest.mark.parametrize("wrong, fragment", [
     (plans_variant(weights=False), "the weights need memory too"),
     (plans_variant(kv_factor=0.5), "keys AND values"),
