@@ -232,7 +232,7 @@ def test_chunked_flops_is_what_the_solution_counts():
 # ----------------------------------------------------------------------------- nb08: causal_tiled_attention
 
 def tiled(skip=True, diagonal_mask=True, rescale=True, subtract_max=True, scale=True, full_mask=False,
-          in_place=False):
+          bool_mask=False, in_place=False):
     """A causal tiled attention with online softmax; each flag off plants one mistake.
 
     ``in_place`` runs both tile products as ``Tensor.baddbmm_`` (which torch's FLOP counter alone misses).
@@ -248,6 +248,8 @@ def tiled(skip=True, diagonal_mask=True, rescale=True, subtract_max=True, scale=
         n, d = q.shape[-2], q.shape[-1]
         out = torch.empty_like(q)
         big_mask = torch.ones(n, n).tril() if full_mask else None         # an n x n float mask: O(n^2) memory
+        if bool_mask:                                                     # one n x n bool mask: n^2 bytes
+            big_mask = torch.arange(n)[:, None] >= torch.arange(n)[None, :]
         for q0 in range(0, n, block_size):
             q_blk = q[..., q0:q0 + block_size, :] / (math.sqrt(d) if scale else 1.0)
             rows = torch.arange(q0, q0 + q_blk.shape[-2])[:, None]
@@ -257,7 +259,7 @@ def tiled(skip=True, diagonal_mask=True, rescale=True, subtract_max=True, scale=
             for k0 in range(0, q0 + q_blk.shape[-2] if skip else n, block_size):
                 s = matmul(q_blk, k[..., k0:k0 + block_size, :].transpose(-2, -1))
                 cols = torch.arange(k0, k0 + s.shape[-1])[None, :]
-                if full_mask:
+                if full_mask or bool_mask:
                     s = s.masked_fill(big_mask[q0:q0 + s.shape[-2], k0:k0 + s.shape[-1]] == 0, float("-inf"))
                 elif diagonal_mask:
                     s = s.masked_fill(cols > rows, float("-inf"))
@@ -312,9 +314,11 @@ def test_causal_tiled_restores_the_package():
     assert F.scaled_dot_product_attention is sdpa
 
 
-def test_causal_tiled_memory_catches_an_n_by_n_mask():
-    expect_error(check_tiled_with_memory, tiled(full_mask=True), "for the n x n scores")
-    nb08.check_causal_tiled(tiled(full_mask=True))            # without the memory measurement it passes
+@pytest.mark.parametrize("flag", ["full_mask", "bool_mask"])
+def test_causal_tiled_memory_catches_an_n_by_n_mask(flag):
+    # a float mask (4 bytes an entry) and a boolean one from arange comparisons (1 byte an entry): both O(n^2)
+    expect_error(check_tiled_with_memory, tiled(**{flag: True}), "grows like n^2")
+    nb08.check_causal_tiled(tiled(**{flag: True}))            # without the memory measurement it passes
 
 
 # ----------------------------------------------------------------------------- nb09: the fixed snippets
