@@ -162,7 +162,8 @@ def _plans(name, batch, seq_len, gpu_bytes, weight_bytes, *, weights=True, kv_fa
 
 def _scales_verdict(name, batch, seq_len, gpu_bytes, weight_bytes) -> str:
     """What the budget's exact 0.5 byte per 4-bit value hides: the 4-bit-cache plan with the most K/V heads that
-    fits, its bytes, and its bytes with ``SCALE_BYTES`` more per 4-bit value (the cache's, and the weights' if 4-bit)."""
+    fits, its bytes, and its bytes with ``SCALE_BYTES`` more per 4-bit value (the cache's, and the weights' if
+    4-bit)."""
     p = get_preset(name)
     h = max(h for h, b in _plans(name, batch, seq_len, gpu_bytes, weight_bytes) if b == 0.5)
     used = p.weight_bytes(weight_bytes) + p.kv_bytes(seq_len, batch, 0.5, n_kv_heads=h)

@@ -296,9 +296,9 @@ def _check_chunked_linear_attention(fn) -> None:
     return passed(f"the causal answer at every chunk size; {flops:,} matmul FLOPs at n = {n}, m = dv = {m}, "
                   f"chunk {chunk} (the chunked form: n (4 m dv + 2 C (m + dv)) = {expected:,}, and 2 n m more where "
                   f"phi(Q_c) z is a matmul, against "
-                  f"{4 * n * n * m:,} for the masked n x n product); n / C steps, one per chunk. The count rises with C, "
-                  "so C = 1, the recurrence, costs the fewest FLOPs; a larger C buys fewer sequential steps and larger "
-                  "matmuls, which keep the hardware busier")
+                  f"{4 * n * n * m:,} for the masked n x n product); n / C steps, one per chunk. The count rises "
+                  "with C, so C = 1, the recurrence, costs the fewest FLOPs; a larger C buys fewer sequential steps "
+                  "and larger matmuls, which keep the hardware busier")
 
 
 def _causal_reference(q, k, v):

@@ -57,7 +57,8 @@ def draw_causal_cat_sat() -> Figure:
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
     attention_heatmap(weights, CAT_SAT_TOKENS, CAT_SAT_TOKENS, ax=ax, masked=masked,
-                      title='An illustrative causal table (made-up weights)\ngrey: the masked future; each row sums to 1')
+                      title='An illustrative causal table (made-up weights)\n'
+                            'grey: the masked future; each row sums to 1')
     return fig
 
 
