@@ -162,7 +162,8 @@ def _gaussian_share(std: float, n_keys: int = 16, rows: int = 200_000, seed: int
 
 
 def _measured_share(dk: int, rows: int = 1024, n_keys: int = 16, seed: int = 0) -> float:
-    """The same share measured the long way: unscaled q . k_j with unit-variance q, k of width dk."""
+    """The same share measured the long way: unscaled q . k_j with standard-normal q, k of width dk (each row's
+    scores share its q: given q they are N(0, |q|^2), and |q|^2 varies around dk)."""
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(rows, 1, dk, generator=g)                                  # (rows, 1, dk)
     k = torch.randn(rows, n_keys, dk, generator=g)                             # (rows, n_keys, dk)
@@ -172,11 +173,14 @@ def _measured_share(dk: int, rows: int = 1024, n_keys: int = 16, seed: int = 0) 
 
 def check_saturated_share(fn) -> None:
     """``fn(dk, scale, n_keys=16, rows=100_000, seed=0)`` must return the share (a number in [0, 1]) of rows whose
-    largest softmax weight exceeds 0.99, for rows of ``n_keys`` scores scale * q . k_j drawn directly from their
-    distribution N(0, scale^2 dk) (q, k with independent unit-variance entries), without forming q or k.
+    largest softmax weight exceeds 0.99, for rows of ``n_keys`` scores scale * q . k_j drawn directly from the
+    shortcut N(0, scale^2 dk), without forming q or k. (Given q, with standard-normal k, the scores are exactly
+    N(0, scale^2 |q|^2); the shortcut replaces |q|^2 by its mean dk, and ignores that a row's scores share q.)
 
-    Checked at dk = 16 ... 1024, unscaled and scaled, against the checker's own draws (tolerance 0.03: sampling
-    noise of 20,000 rows, and the small gap between the fixed std sqrt(dk) and the exact, |q|-dependent one).
+    Checked at dk = 16 ... 1024, unscaled and scaled, against the checker's own draws of the shortcut (tolerance
+    0.03: sampling noise of 20,000 rows, and the small gap between the fixed std sqrt(dk) and the exact,
+    |q|-dependent one). Then the shortcut is compared with real q and k, unscaled: at dk = 16, where |q|^2 / dk
+    spreads most (20,000 rows), and at dk = 4096 (1024 rows); both must agree within 0.05.
     """
     try:
         first = attempt(fn, 64, 1.0, 16, 20_000)
@@ -217,13 +221,19 @@ def check_saturated_share(fn) -> None:
                                 "that d_k unit-variance products add up to (Var(q . k) = dk)")
         raise ExerciseError(f"{where}: draw (rows, n_keys) scores with standard deviation scale * sqrt(dk), take "
                             "softmax over each row (dim=-1), and count the rows whose largest weight exceeds 0.99")
+    predicted_16 = float(attempt(fn, 16, 1.0, 16, 20_000))
+    measured_16 = _measured_share(16, rows=20_000)
+    if abs(predicted_16 - measured_16) > 0.05:
+        raise ExerciseError(f"right against the shortcut, but at dk = 16 your share {predicted_16:.3f} is far from "
+                            f"{measured_16:.3f}, measured with 20,000 rows of real 16-wide q and k")
     predicted = float(attempt(fn, 4096, 1.0))
     measured = _measured_share(4096)
     if abs(predicted - measured) > 0.05:
         raise ExerciseError(f"right at dk <= 1024, but at dk = 4096 your share {predicted:.3f} is far from "
                             f"{measured:.3f}, measured with 1024 rows of real 4096-wide q and k")
-    return passed(f"rows of 16 unscaled scores at dk = 4096: your function predicts {predicted:.0%} saturated, "
-                  f"1024 rows of real 4096-wide q and k give {measured:.0%}; scaled, none")
+    return passed(f"rows of 16 unscaled scores, the shortcut against real q and k: at dk = 16 your function "
+                  f"predicts {predicted_16:.1%} saturated, 20,000 rows of real q and k give {measured_16:.1%}; "
+                  f"at dk = 4096 {predicted:.0%} against {measured:.0%} (1024 rows); scaled, none")
 
 
 def check_attention(fn) -> None:

@@ -128,6 +128,19 @@ def test_saturated_share_accepts_the_long_way(capsys):
     expect_correct(nb01.check_saturated_share, vectors_saturated_share, capsys)
 
 
+def test_saturated_share_compares_the_shortcut_with_real_q_and_k(capsys):
+    """The checker prints the shortcut's share next to real q and k at dk = 16 (where |q|^2 / dk spreads most)
+    and at dk = 4096; for the right answer each pair agrees to within the checker's 0.05."""
+    import re
+
+    out = expect_correct(nb01.check_saturated_share, good_saturated_share, capsys)
+    pairs = re.findall(r"(\d+(?:\.\d)?)% saturated, 20,000 rows of real q and k give (\d+(?:\.\d)?)%", out)
+    pairs += re.findall(r"at dk = 4096 (\d+)% against (\d+)%", out)
+    assert "at dk = 16" in out and len(pairs) == 2, out
+    assert all(abs(float(a) - float(b)) <= 5 for a, b in pairs), out
+    assert nb01._measured_share(16, rows=20_000) != good_saturated_share(16, 1.0, 16, 20_000)   # a real measurement
+
+
 def count_not_share(dk, scale, n_keys=16, rows=100_000, seed=0):
     return good_saturated_share(dk, scale, n_keys, rows, seed) * rows
 
