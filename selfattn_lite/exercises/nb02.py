@@ -1,5 +1,5 @@
-"""Checkers for notebook 02: the worked 3-token example (token 2's causal row, the query length that saturates,
-the gradient on the query as a function of the query)."""
+"""Checkers for notebook 02: the worked 3-token example (token 2's causal row, the scale at which token 2
+drops out of a tied row, the gradient on the query as a function of the query)."""
 
 from __future__ import annotations
 
