@@ -10,9 +10,9 @@ import torch
 import torch.nn.functional as F
 
 from . import ExerciseError, NotAttempted, attempt, close, not_attempted, passed, require_tensor
+from . import forbidden as _forbidden
 from . import solution as solution  # the notebooks' guard on their folded solutions
 from . import unanswered as unanswered
-from .nb01 import _forbidden
 
 __all__ = ["check_temperature_softmax_backward", "check_bias_grad", "check_recompute_weights",
            "check_causal_tile_backward", "causal_tile", "CAUSAL_TILE_MISTAKES"]
