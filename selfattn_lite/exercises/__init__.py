@@ -13,11 +13,12 @@ import dis
 import sys
 import types
 from collections.abc import Callable
+from contextlib import contextmanager
 
 import torch
 
 __all__ = ["ExerciseError", "NotAttempted", "attempt", "passed", "close", "not_attempted", "graded", "names_used",
-           "is_stub", "solution", "solution_ran", "unanswered"]
+           "forbidden", "is_stub", "solution", "solution_ran", "unanswered"]
 
 _GRADING = False   # True while ``graded`` runs a checker: a stub then fails instead of printing
 
@@ -122,6 +123,28 @@ def unanswered(*answers) -> bool:
 
 def passed(message: str) -> None:
     print(f"Correct: {message}")
+
+
+@contextmanager
+def forbidden(targets, message: str):
+    """Within the block, calling any ``(owner, name)`` in ``targets`` raises ExerciseError(message).
+
+    Checkers wrap the learner's call in it to refuse an answer that calls what it is checked against.
+    """
+    def refuse(*args, **kwargs):
+        raise ExerciseError(message)
+
+    saved = [(owner, name, owner.__dict__.get(name)) for owner, name in targets]
+    for owner, name, _ in saved:
+        setattr(owner, name, refuse)
+    try:
+        yield
+    finally:
+        for owner, name, original in saved:
+            if original is None:
+                delattr(owner, name)            # it was inherited (torch.Tensor.softmax): inherit it again
+            else:
+                setattr(owner, name, original)
 
 
 def close(a, b, atol: float = 1e-5, rtol: float = 1e-4) -> bool:

@@ -4,35 +4,16 @@ scores' distribution, and attention from scratch."""
 from __future__ import annotations
 
 import math
-from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
 
 from . import ExerciseError, NotAttempted, attempt, close, not_attempted, passed, require_tensor
+from . import forbidden as _forbidden
 from . import solution as solution  # the notebooks' guard on their folded solutions
 from . import unanswered as unanswered
 
 __all__ = ["check_softmax", "check_softmax_jacobian", "check_saturated_share", "check_attention"]
-
-
-@contextmanager
-def _forbidden(targets, message: str):
-    """Within the block, calling any ``(owner, name)`` in ``targets`` raises ExerciseError(message)."""
-    def refuse(*args, **kwargs):
-        raise ExerciseError(message)
-
-    saved = [(owner, name, owner.__dict__.get(name)) for owner, name in targets]
-    for owner, name, _ in saved:
-        setattr(owner, name, refuse)
-    try:
-        yield
-    finally:
-        for owner, name, original in saved:
-            if original is None:
-                delattr(owner, name)            # it was inherited (torch.Tensor.softmax): inherit it again
-            else:
-                setattr(owner, name, original)
 
 
 def _softmax_targets():

@@ -1,4 +1,4 @@
-"""Checkers for notebook 11: the softmax's backward with a temperature, the gradient of a learned additive
+"""Checkers for notebook 11: the softmax's backward with a learned temperature, the gradient of a learned additive
 bias, one tile of weights recomputed from the log-sum-exp (fully masked rows included), and one causal tile
 of FlashAttention's backward pass (with the mask and the skip)."""
 
@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from . import ExerciseError, NotAttempted, attempt, close, not_attempted, passed, require_tensor
+from . import forbidden as _forbidden
 from . import solution as solution  # the notebooks' guard on their folded solutions
 from . import unanswered as unanswered
 
@@ -17,47 +18,93 @@ __all__ = ["check_temperature_softmax_backward", "check_bias_grad", "check_recom
            "check_causal_tile_backward", "causal_tile", "CAUSAL_TILE_MISTAKES"]
 
 
-def check_temperature_softmax_backward(fn) -> None:
-    """``fn(p, dp, tau) -> ds``: p = softmax(s / tau) row by row, p and dp (L, N).
+def _autograd_targets():
+    import torch.autograd.functional as autograd_functional
+    import torch.func
 
-    ds = p ∘ (dp − rowsum(dp ∘ p)) / tau.
+    return [(torch.autograd, "grad"), (torch.autograd, "backward"), (torch.Tensor, "backward"),
+            (autograd_functional, "jacobian"), (autograd_functional, "vjp"), (torch.func, "grad"),
+            (torch.func, "vjp"), (torch.func, "jacrev"), (torch.func, "jacfwd")]
+
+
+def _no_autograd(name: str):
+    """Within the block, the learner's ``name`` may not call autograd: it is what the answer is checked against."""
+    return _forbidden(_autograd_targets(), f"{name} calls autograd, which is what the checker compares it with: "
+                                           "derive the gradient from the table of \"The idea\" and write it out")
+
+
+def _temperature_parts(s, dp, tau):
+    """p = softmax(s / tau) and dz = the gradient at s / tau, (L, N) each."""
+    p = torch.softmax(s / tau, dim=-1)
+    return p, p * (dp - (dp * p).sum(-1, keepdim=True))
+
+
+def check_temperature_softmax_backward(fn) -> None:
+    """``fn(s, dp, tau) -> (ds, dtau)``: p = softmax(s / tau) row by row, s and dp (L, N), tau one number.
+
+    ds = p ∘ (dp − rowsum(dp ∘ p)) / tau (L, N); dtau = −Σ (that gradient at s / tau) ∘ s / tau², one number.
     """
     gen = torch.Generator().manual_seed(12)
     s = torch.randn(4, 6, generator=gen, dtype=torch.float64)                 # (L, N) scores
     dp = torch.randn(4, 6, generator=gen, dtype=torch.float64)                # incoming dL/dp
     tau = 0.5
-    p = torch.softmax(s / tau, dim=-1)
     try:
-        got = attempt(fn, p.clone(), dp.clone(), tau)
+        with _no_autograd("temperature_softmax_backward"):
+            got = attempt(fn, s.clone(), dp.clone(), tau)
     except NotAttempted:
         return not_attempted("temperature_softmax_backward")
-    got = require_tensor("temperature_softmax_backward(p, dp, tau)", got, (4, 6))
-    plain = p * (dp - (dp * p).sum(-1, keepdim=True))                          # the tau = 1 answer
-    if close(got, plain):
-        raise ExerciseError("that is the gradient for tau = 1: the scores enter as s / tau, so the chain rule "
+    if isinstance(got, torch.Tensor) or not (isinstance(got, (tuple, list)) and len(got) == 2):
+        raise ExerciseError("return two things, (ds, dtau): the gradient of the scores (L, N) and the gradient of "
+                            "the temperature, one number")
+    ds = require_tensor("ds, the first of temperature_softmax_backward(s, dp, tau)", got[0], (4, 6))
+    p, dz = _temperature_parts(s, dp, tau)                                    # dz: the gradient at s / tau
+    if close(ds, dz):
+        raise ExerciseError("ds is the gradient for tau = 1: the scores enter as s / tau, so the chain rule "
                             "multiplies by d(s / tau)/ds = 1 / tau")
-    if close(got, plain * tau):
-        raise ExerciseError("multiplied by tau: the chain rule through s / tau gives a factor 1 / tau, not tau")
-    if close(got, p * dp / tau):
-        raise ExerciseError("the row term is missing: every p in a row shares one denominator, so subtract "
+    if close(ds, dz * tau):
+        raise ExerciseError("ds is multiplied by tau: the chain rule through s / tau gives a factor 1 / tau, not tau")
+    if close(ds, p * dp / tau):
+        raise ExerciseError("the row term is missing from ds: every p in a row shares one denominator, so subtract "
                             "rowsum(dp ∘ p) before multiplying by p")
-    if close(got, p * (dp - (dp * p).sum(0, keepdim=True)) / tau):
+    if close(ds, p * (dp - (dp * p).sum(0, keepdim=True)) / tau):
         raise ExerciseError("rowsum over the queries (dim 0): the softmax runs along each row, sum over dim -1")
-    if close(got, p * (dp - (dp * p).sum()) / tau):
+    if close(ds, p * (dp - (dp * p).sum()) / tau):
         raise ExerciseError("one sum over the whole matrix: each row has its own rowsum(dp ∘ p), keepdim on dim -1")
-    s_leaf = s.clone().requires_grad_()
-    (want,) = torch.autograd.grad(torch.softmax(s_leaf / tau, dim=-1), s_leaf, dp)
-    if not close(got, want):
-        raise ExerciseError("does not match autograd through softmax(s / tau); "
+    s_leaf, tau_leaf = s.clone().requires_grad_(), torch.tensor(tau, dtype=torch.float64, requires_grad=True)
+    want_ds, want_dtau = torch.autograd.grad(torch.softmax(s_leaf / tau_leaf, dim=-1), (s_leaf, tau_leaf), dp)
+    if not close(ds, want_ds):
+        raise ExerciseError("ds does not match autograd through softmax(s / tau); "
                             "expected p ∘ (dp − rowsum(dp ∘ p)) / tau")
+    dtau = torch.as_tensor(got[1], dtype=torch.float64)
+    if dtau.numel() != 1:
+        raise ExerciseError(f"dtau has shape {tuple(dtau.shape)}: tau is one number that divides every score, so "
+                            "its gradient is one number too, the sum over all L × N scores")
+    dtau = dtau.reshape(())
+    total = (dz * s).sum()
+    if close(dtau, total / tau**2):
+        raise ExerciseError("dtau has the wrong sign: d(s / tau)/dtau = −s / tau²")
+    if close(dtau, -total / tau):
+        raise ExerciseError("dtau is missing a factor 1 / tau: d(s / tau)/dtau = −s / tau², not −s / tau")
+    if close(dtau, -(dz * s).mean() / tau**2):
+        raise ExerciseError("dtau is a mean over the scores: tau is used by all L × N of them, so it gets the SUM "
+                            "of their contributions")
+    if close(dtau, torch.zeros(())) and not close(want_dtau, torch.zeros(())):
+        raise ExerciseError("dtau = 0: the sum of the gradient at s / tau over a row is always 0 (the weights sum to "
+                            "1); each entry is multiplied by its own d(s / tau)/dtau = −s / tau² before the sum")
+    if not close(dtau, want_dtau):
+        raise ExerciseError("dtau does not match autograd through softmax(s / tau); expected "
+                            "−Σ (the gradient at s / tau) ∘ s / tau²")
     s2, dp2 = (torch.randn(3, 5, generator=gen, dtype=torch.float64) for _ in range(2))
-    s2_leaf = s2.clone().requires_grad_()
-    (want2,) = torch.autograd.grad(torch.softmax(s2_leaf / 2.0, dim=-1), s2_leaf, dp2)
-    got2 = attempt(fn, torch.softmax(s2 / 2.0, dim=-1), dp2.clone(), 2.0)
-    if not (isinstance(got2, torch.Tensor) and close(got2, want2)):
+    s2_leaf, tau2_leaf = s2.clone().requires_grad_(), torch.tensor(2.0, dtype=torch.float64, requires_grad=True)
+    want2 = torch.autograd.grad(torch.softmax(s2_leaf / tau2_leaf, dim=-1), (s2_leaf, tau2_leaf), dp2)
+    with _no_autograd("temperature_softmax_backward"):
+        got2 = attempt(fn, s2.clone(), dp2.clone(), 2.0)
+    if not (isinstance(got2, (tuple, list)) and len(got2) == 2 and close(got2[0], want2[0])
+            and close(torch.as_tensor(got2[1], dtype=torch.float64).reshape(-1), want2[1].reshape(-1))):
         raise ExerciseError("right for tau = 0.5 but not for tau = 2 on another (3, 5) problem: "
                             "use the tau you are given")
-    return passed("dS = P ∘ (dP − rowsum(dP ∘ P)) / τ, equal to autograd through softmax(s / τ) for τ = 0.5 and 2")
+    return passed("dS = P ∘ (dP − rowsum(dP ∘ P)) / τ and dτ = −Σ (that gradient at s / τ) ∘ s / τ², equal to "
+                  "autograd through softmax(s / τ) for τ = 0.5 and 2")
 
 
 def check_bias_grad(fn) -> None:
@@ -73,7 +120,8 @@ def check_bias_grad(fn) -> None:
     bias = torch.randn(2, 4, 5, generator=gen, dtype=torch.float64)           # (h, L, N) learned
     do = torch.randn(3, 2, 4, 6, generator=gen, dtype=torch.float64)          # (B, h, L, dv)
     try:
-        got = attempt(fn, q.clone(), k.clone(), v.clone(), bias.clone(), do.clone())
+        with _no_autograd("bias_grad"):
+            got = attempt(fn, q.clone(), k.clone(), v.clone(), bias.clone(), do.clone())
     except NotAttempted:
         return not_attempted("bias_grad")
     scale = 1 / math.sqrt(8)
@@ -117,7 +165,8 @@ def check_recompute_weights(fn) -> None:
     lse = torch.logsumexp(full, dim=-1)                                       # (L,), -inf on row 2
     s = full[:, :4].clone()                                                   # one tile: the first 4 keys
     try:
-        got = attempt(fn, s.clone(), lse.clone())
+        with _no_autograd("recompute_weights"):
+            got = attempt(fn, s.clone(), lse.clone())
     except NotAttempted:
         return not_attempted("recompute_weights")
     got = require_tensor("recompute_weights(s, lse)", got, (4, 4))
@@ -224,7 +273,8 @@ def _same(got, want) -> bool:
 
 def _call_tile(fn, args: tuple, where: str):
     try:
-        return attempt(fn, *args)
+        with _no_autograd("causal_tile_backward"):
+            return attempt(fn, *args)
     except RuntimeError as error:
         raise ExerciseError(f"causal_tile_backward raised {error} on {where}: check the shapes, q (Bq, dk), "
                             "k (Bk, dk), v (Bk, dv), out and grad_out (Bq, dv), lse (Bq,); a tile need not "
@@ -245,7 +295,8 @@ def check_causal_tile_backward(fn) -> None:
     prob = _causal_problem(10, 5, 3, seed=111)
     first = (slice(0, 3), slice(0, 4))                                  # a diagonal tile first
     try:
-        attempt(fn, *_tile_args(prob, *first))
+        with _no_autograd("causal_tile_backward"):
+            attempt(fn, *_tile_args(prob, *first))
     except NotAttempted:
         return not_attempted("causal_tile_backward")
     except RuntimeError:

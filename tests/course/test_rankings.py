@@ -182,6 +182,26 @@ def test_nb11_paired_seed_comparisons(a, b, claim):
 
 
 
+def _power(delta: float) -> float:
+    """P(t > 4.30) for 3 differences from N(mu, sd^2) with delta = mu sqrt(3) / sd: no simulation, a 1-D integral.
+
+    With 2 dof, s^2 / sd^2 is chi-square(2) / 2 = E ~ Exp(1), so t = (Z + delta) / sqrt(E) and
+    P(t > c) = E[Phi(delta - c sqrt(E))]. t > 2 already forces all three differences positive (one at or
+    below 0 makes sd >= mean * sqrt(3) / 2), so this is the power of the notebook's whole rule.
+    """
+    e = torch.linspace(0, 50, 500_001, dtype=torch.float64)
+    return torch.trapezoid(torch.exp(-e) * torch.special.ndtr(delta - T_CRIT_2DOF * e.sqrt()), e).item()
+
+
+def test_nb11_power_of_three_seeds():
+    """Notebook 11's simulated power: 0.55 to 0.7 at the threshold, below 0.2 for a GQA cost as large as MQA's."""
+    assert 0.55 < _power(T_CRIT_2DOF) < 0.7
+    gqa = [x - y for x, y in zip(seed_losses(STEMS["GQA"]).tolist(), seed_losses(STEMS["MHA"]).tolist(), strict=True)]
+    mqa = [x - y for x, y in zip(seed_losses(STEMS["MQA"]).tolist(), seed_losses(STEMS["MHA"]).tolist(), strict=True)]
+    gqa_sd = math.sqrt(sum((d - sum(gqa) / 3) ** 2 for d in gqa) / 2)
+    assert _power(sum(mqa) / 3 * math.sqrt(3) / gqa_sd) < 0.2
+
+
 def _window_means(model, ids, seq_len, count):
     """Each window's mean next-character loss, one window at a time, windows placed as ``evaluate`` does."""
     import torch.nn.functional as F

@@ -16,25 +16,61 @@ RIGHT = {}          # test id -> (checker, a right answer); each exercise below 
 
 # ----------------------------------------------------------------------------- temperature_softmax_backward
 
-def temperature_right(p, dp, tau):
-    return p * (dp - (dp * p).sum(-1, keepdim=True)) / tau
+def temperature_parts(s, dp, tau):
+    """p = softmax(s / tau) and dz, the gradient at s / tau, written out independently of the checker."""
+    p = torch.softmax(s / tau, dim=-1)
+    return p, p * (dp - (p * dp).sum(-1, keepdim=True))
+
+
+def temperature_right(s, dp, tau):
+    p, dz = temperature_parts(s, dp, tau)
+    return dz / tau, -(dz * s).sum() / tau**2
+
+
+def with_ds(ds_of):                                       # a wrong ds beside the right dtau
+    return lambda s, dp, tau: (ds_of(*temperature_parts(s, dp, tau), tau), temperature_right(s, dp, tau)[1])
+
+
+def with_dtau(dtau_of):                                   # the right ds beside a wrong dtau
+    return lambda s, dp, tau: (temperature_right(s, dp, tau)[0], dtau_of(s, *temperature_parts(s, dp, tau), tau))
 
 
 RIGHT["temperature_softmax_backward"] = nb11.check_temperature_softmax_backward, temperature_right
+RIGHT["temperature_softmax_backward_float_dtau"] = nb11.check_temperature_softmax_backward, lambda s, dp, tau: (
+    temperature_right(s, dp, tau)[0], temperature_right(s, dp, tau)[1].item())
 
 
 @pytest.mark.parametrize("wrong,fragment", [
-    (lambda p, dp, tau: p * (dp - (dp * p).sum(-1, keepdim=True)), "tau = 1"),
-    (lambda p, dp, tau: p * (dp - (dp * p).sum(-1, keepdim=True)) * tau, "not tau"),
-    (lambda p, dp, tau: p * dp / tau, "row term is missing"),
-    (lambda p, dp, tau: p * (dp - (dp * p).sum(0, keepdim=True)) / tau, "dim 0"),
-    (lambda p, dp, tau: p * (dp - (dp * p).sum()) / tau, "whole matrix"),
-    (lambda p, dp, tau: (torch.diag_embed(p) - p[..., :, None] * p[..., None, :]) @ dp[..., None], "shape (4, 6)"),
-    (lambda p, dp, tau: temperature_right(p, dp, tau) + 0.1, "does not match autograd"),
-    (lambda p, dp, tau: temperature_right(p, dp, 0.5), "tau = 2"),
+    (lambda s, dp, tau: temperature_right(s, dp, tau)[0], "return two things"),
+    (with_ds(lambda p, dz, tau: dz), "tau = 1"),
+    (with_ds(lambda p, dz, tau: dz * tau), "not tau"),
+    (with_ds(lambda p, dz, tau: dz[:, :3]), "shape (4, 6)"),
+    (with_ds(lambda p, dz, tau: dz / tau + 0.1), "ds does not match autograd"),
+    (with_dtau(lambda s, p, dz, tau: (dz * s).sum() / tau**2), "wrong sign"),
+    (with_dtau(lambda s, p, dz, tau: -(dz * s).sum() / tau), "missing a factor 1 / tau"),
+    (with_dtau(lambda s, p, dz, tau: -(dz * s).mean() / tau**2), "SUM"),
+    (with_dtau(lambda s, p, dz, tau: -(dz * s).sum(-1) / tau**2), "one number too"),
+    (with_dtau(lambda s, p, dz, tau: -dz.sum() / tau**2), "dtau = 0"),
+    (with_dtau(lambda s, p, dz, tau: -(dz * s).sum() / tau**2 + 0.1), "dtau does not match autograd"),
+    (lambda s, dp, tau: temperature_right(s, dp, 0.5), "tau = 2"),
 ])
 def test_temperature_softmax_backward_diagnoses(wrong, fragment):
     expect_error(nb11.check_temperature_softmax_backward, wrong, fragment)
+
+
+def test_temperature_softmax_backward_names_the_row_sum_mistakes():
+    def rowsum_over(dim):
+        def answer(s, dp, tau):
+            p = torch.softmax(s / tau, dim=-1)
+            row = (dp * p).sum() if dim is None else (dp * p).sum(dim, keepdim=True)
+            return p * (dp - row) / tau, temperature_right(s, dp, tau)[1]
+        return answer
+
+    expect_error(nb11.check_temperature_softmax_backward, rowsum_over(0), "dim 0")
+    expect_error(nb11.check_temperature_softmax_backward, rowsum_over(None), "whole matrix")
+    expect_error(nb11.check_temperature_softmax_backward,
+                 lambda s, dp, tau: (torch.softmax(s / tau, -1) * dp / tau, temperature_right(s, dp, tau)[1]),
+                 "row term is missing")
 
 
 # ----------------------------------------------------------------------------- bias_grad
@@ -49,13 +85,39 @@ def bias_ds(q, k, v, bias, do):
 RIGHT["bias_grad"] = nb11.check_bias_grad, lambda *args: bias_ds(*args)[2].sum(0)
 
 
-def bias_autograd(q, k, v, bias, do):                     # another right answer: autograd through the explicit formula
+def bias_autograd(q, k, v, bias, do):                     # right numbers, but through autograd: refused
     bias = bias.clone().requires_grad_()
     out = torch.softmax(q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5 + bias, dim=-1) @ v
     return torch.autograd.grad(out, bias, do)[0]
 
 
-RIGHT["bias_grad_autograd"] = nb11.check_bias_grad, bias_autograd
+def temperature_autograd(s, dp, tau):                     # right numbers, but through autograd: refused
+    s, tau = s.clone().requires_grad_(), torch.tensor(tau, dtype=s.dtype, requires_grad=True)
+    torch.softmax(s / tau, dim=-1).backward(dp)
+    return s.grad, tau.grad
+
+
+def causal_tile_autograd(q, k, v, out, do, lse, q_start, k_start, scale):
+    if k_start >= q_start + len(q):
+        return None
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    future = torch.arange(k_start, k_start + len(k))[None, :] > torch.arange(q_start, q_start + len(q))[:, None]
+    p = torch.exp((scale * leaves[0] @ leaves[1].T).masked_fill(future, -torch.inf) - lse[:, None])
+    dp = do @ v.T                                           # the row term from out and do, outside the graph
+    loss = (p * (dp - (do * out).sum(-1, keepdim=True)).detach()).sum() + (p.detach() @ leaves[2] * do).sum()
+    return torch.autograd.grad(loss, leaves)
+
+
+@pytest.mark.parametrize("checker,answer", [
+    (nb11.check_temperature_softmax_backward, temperature_autograd),
+    (nb11.check_bias_grad, bias_autograd),
+    (nb11.check_causal_tile_backward, causal_tile_autograd),
+], ids=["temperature", "bias", "causal_tile"])
+def test_an_answer_through_autograd_is_refused(checker, answer):
+    expect_error(checker, answer, "calls autograd")
+    torch.ones(2, requires_grad=True).sum().backward()      # and autograd works again after the check
+    assert torch.autograd.grad(torch.ones(2, requires_grad=True).sum(), [torch.ones(1, requires_grad=True)],
+                               allow_unused=True) == (None,)
 
 
 @pytest.mark.parametrize("wrong,fragment", [
