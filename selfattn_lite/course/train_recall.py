@@ -13,8 +13,9 @@ accuracies; the safetensors file holds the weights (float32).
 ``--sweep`` runs the second protocol into ``data/recall_v2/`` (``RECALL_V2_DIR``), the same for every mixer:
 
 * data: Zoology's MQAR rows (``mqar(..., style="zoology")``), vocabulary ``V2_VOCAB`` = 128 (Zoology's
-  figures use 8192, whose embedding and output layer would outweigh these models tenfold and dominate a CPU
-  step; 128 is the smallest power of two that keeps Zoology's own condition vocab_size > seq_len at 64);
+  figures use 8192, whose embedding and output layer, 2 x 8192 x 32 = 524,288 weights, would hold about twenty
+  times the parameters of a whole model here and dominate a CPU step;
+  128 is the smallest power of two that keeps Zoology's own condition vocab_size > seq_len at 64);
 * models: Gated DeltaNet's gate (``gate="gdn"``) and the short convolution inside the mixer, width 4
   (``conv="mixer"``), for the mixers of ``V2_MIXERS`` (``hybrid_1in4`` among them);
 * training: ``V2_STEPS`` = 3000 steps (three times the first protocol's), batch 32, AdamW, warmup then

@@ -107,6 +107,20 @@ def test_the_floor_is_one_over_n_on_the_evaluation_rows():
         assert abs(FLOOR[p] - 1 / int(p)) < 1e-12, (p, FLOOR[p])
 
 
+def test_the_margin_exceeds_what_the_query_order_adds_to_the_floor():
+    """Answering the r-th query (in position order) with the r-th pair's value, on the evaluation rows: its excess
+    over the floor stays below the 0.05 margin at every number of pairs."""
+    gen = torch.Generator().manual_seed(12345)
+    for p in PAIRS:
+        rows, targets = mqar(512, 64, int(p), VOCAB, generator=gen, style="zoology")
+        right = []
+        for row, target in zip(rows.tolist(), targets.tolist()):
+            asked = [y for y in target if y != IGNORE_INDEX]
+            right += [y == v for y, v in zip(asked, row[1:2 * int(p):2])]
+        excess = mean(right) - 1 / int(p)
+        assert 0.01 < excess < MARGIN, (p, excess)
+
+
 def test_the_selection_and_which_rates_leave_the_floor():
     assert [m for m in MIXERS if CHOSEN[m] == max(tried_rates(m))] == []          # every choice bracketed
     assert CHOSEN == {"attention": 3e-3, "window": 3e-3, "linear": 1e-2, "delta": 1e-2, "gated_delta": 3e-3,
@@ -126,6 +140,17 @@ def test_the_selection_and_which_rates_leave_the_floor():
                  and all(x <= val[m][CHOSEN[m]] for x in val[m].values())]
     assert bracketed == ["attention", "linear", "delta", "gated_delta", "hybrid_1in4"]
     assert [m for m in MIXERS if all(x - floor_mean <= MARGIN for x in val[m].values())] == ["window", "s6", "hybrid"]
+    # one seed per rate: a bracket clears the seed noise only where both neighbouring rates fall short of seed 0 by
+    # more than the range of the chosen rate's three seeds (validation rows)
+    clear = []
+    for m in bracketed:
+        rates = sorted(val[m])
+        i = rates.index(CHOSEN[m])
+        shortfall = min(val[m][CHOSEN[m]] - val[m][rates[i - 1]], val[m][CHOSEN[m]] - val[m][rates[i + 1]])
+        seed_means = [mean(RUNS[r]["val"]["accuracy"].values()) for r in seeds(m)]
+        if shortfall > max(seed_means) - min(seed_means):
+            clear.append(m)
+    assert clear == ["attention", "gated_delta"]
 
 
 def standing(run: str, accuracy=None) -> str:
@@ -287,6 +312,13 @@ def test_rankings_at_twice_the_steps():
                  for a, b in itertools.combinations(recall, 2) for p in PAIRS if long_verdict(a, b, p) != "~"}
     assert separated == {("gated_delta", "attention"), ("gated_delta", "linear"), ("gated_delta", "hybrid_1in4")}
     assert all(long_verdict("gated_delta", "linear", p) == ">" for p in PAIRS)
+    # the search: of the C(5, 2) = 10 pairs of mixers with recall, those separating at every number of pairs; one
+    # pair's four pair counts are one event, of chance at most 2 / C(6, 3) = 1/10 with exchangeable seeds
+    everywhere = [(a, b) for a, b in itertools.combinations(recall, 2)
+                  if all(long_verdict(a, b, p) != "~" for p in PAIRS)]
+    assert everywhere == [("linear", "gated_delta")]
+    assert math.comb(len(recall), 2) == 10 and 2 / math.comb(6, 3) == 1 / 10
+    assert len(everywhere) <= math.comb(len(recall), 2) * 2 / math.comb(6, 3)    # no more than chance allows
 
 
 # --- live readings on rows of other seeds -------------------------------------------------------------------
@@ -319,6 +351,7 @@ def test_windows_sit_below_the_floor_and_mostly_answer_tokens_out_of_reach():
         assert pair_value < 0.5 and value_token > 0.9, (run, pair_value, value_token)
         in_reach = mean(guess[b, t].item() in inputs[b, max(0, t - 20):t + 1].tolist() for b, t, _ in queries)
         assert in_reach < 0.5, (run, in_reach)                     # two layers reach 2 x (7 + 3) = 20 positions
+    assert mean(t - p > 20 for _, t, p in queries) > 0.4           # nearly half the values sit beyond that reach
 
 
 def decays(model, ids):
