@@ -430,6 +430,33 @@ def test_a_failing_rank_raises_with_its_traceback_and_a_hung_one_times_out():
     _no_children_left()
 
 
+@pytest.mark.parametrize("layout,is_causal", [("zigzag", True), ("contiguous", True), ("contiguous", False)])
+def test_rank_tiles_are_the_rings_rows(layout, is_causal):
+    """Notebook 14's timing rows: a rank's tiles against every block, no transfer, give its rows of attention."""
+    from selfattn_lite.course.distributed_cli import rank_tiles
+
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 23, 8, generator=gen, dtype=torch.float64) for _ in range(3))
+    W = 3
+    segs = [D.shard_segments(23, r, W, layout=layout) for r in range(W)]
+    ks, vs = ([D.shard(t, r, W, layout=layout) for r in range(W)] for t in (k, v))
+    rows = [rank_tiles(D.shard(q, r, W, layout=layout), ks, vs, segs, r, is_causal) for r in range(W)]
+    torch.testing.assert_close(D.unshard(rows, layout=layout), F.scaled_dot_product_attention(q, k, v, is_causal=is_causal))
+
+
+def test_tiles_worker_times_the_rings_tiles_on_every_rank_at_once():
+    from selfattn_lite.course.distributed_cli import tiles_worker
+
+    gen = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(1, 2, 64, 8, generator=gen) for _ in range(3))
+    per_rank = D.launch(tiles_worker, 2, q, k, v, True, "zigzag", 0.05)
+    _no_children_left()
+    got = D.unshard([r["out"] for r in per_rank], layout="zigzag")
+    torch.testing.assert_close(got, F.scaled_dot_product_attention(q, k, v, is_causal=True), atol=1e-5, rtol=1e-5)
+    for r in per_rank:
+        assert 0 < r["min"] <= r["seconds"] <= r["max"] and r["threads"] >= 1
+
+
 def test_peak_memory_of_a_rank_is_a_fraction_of_one_process():
     from selfattn_lite import attention
     from selfattn_lite.course.distributed_cli import memory_worker
