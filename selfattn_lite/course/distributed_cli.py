@@ -22,17 +22,21 @@ from torch import Tensor
 
 from ..distributed import (
     attention_worker,
+    block_attention,
     choose_backend,
     device,
     launch,
+    merge_partials,
     ring_attention,
+    ring_tiles,
     shard,
+    shard_segments,
     under_torchrun,
     unshard,
 )
 from . import bench
 
-__all__ = ["timing_worker", "memory_worker", "self_check", "main"]
+__all__ = ["timing_worker", "rank_tiles", "tiles_worker", "memory_worker", "self_check", "main"]
 
 
 def timing_worker(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, layout: str, budget_s: float = 0.5) -> dict:
@@ -62,6 +66,52 @@ def timing_worker(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, layout: str,
                                   device=q.device, warmup=1, repeat=repeat, number=1)
     return {"seconds": timing.median, "min": timing.min, "max": max(timing.samples), "out": out.cpu(),
             "backend": str(dist.get_backend()), "device": str(where), "threads": torch.get_num_threads()}
+
+
+def rank_tiles(q_r: Tensor, ks: list[Tensor], vs: list[Tensor], segs: list, r: int, is_causal: bool = True) -> Tensor:
+    """Rank r's tiles of a ring against every rank's K/V block, as ``ring_attention``'s forward computes them, with
+    no transfer: q_r (..., n_r, E) its queries; ks, vs the W ranks' K/V blocks; segs each rank's runs of positions
+    (``shard_segments``). Returns its rows of the output (..., n_r, Ev)."""
+    scale = q_r.shape[-1] ** -0.5
+    out = q_r.new_zeros(*q_r.shape[:-1], vs[0].shape[-1])                  # (..., n_r, Ev)
+    lse = q_r.new_full(q_r.shape[:-1], float("-inf"))                       # (..., n_r)
+    for src in range(len(ks)):                                              # the block of rank src
+        for rows, cols, _, mask in ring_tiles(segs[r], segs[src], is_causal=is_causal):
+            o, lse_o = block_attention(q_r[..., rows, :], ks[src][..., cols, :], vs[src][..., cols, :], scale=scale,
+                                       mask=None if mask is None else mask.to(q_r.device))
+            out[..., rows, :], lse[..., rows] = merge_partials(out[..., rows, :], lse[..., rows], o, lse_o)
+    return out
+
+
+def tiles_worker(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, layout: str, budget_s: float = 0.5) -> dict:
+    """Time this rank's ``rank_tiles`` with every rank's K/V block already here: the ring's work without its
+    transfers, the W processes computing at the same time (sharing the machine as the ring's ranks do).
+
+    Sampled as ``timing_worker`` samples: single calls after a barrier, as many as fit ``budget_s`` (3 to 50), the
+    count agreed by all ranks. Returns {"seconds", "min", "max", "out", "threads"} as ``timing_worker`` does.
+    """
+    rank, world = dist.get_rank(), dist.get_world_size()
+    where = device()
+    L = q.shape[-2]
+    segs = [shard_segments(L, r, world, layout=layout) for r in range(world)]
+    q_r = shard(q, rank, world, layout=layout).to(where)
+    ks, vs = ([shard(t, r, world, layout=layout).to(where) for r in range(world)] for t in (k, v))
+
+    def once() -> Tensor:
+        return rank_tiles(q_r, ks, vs, segs, rank, is_causal)
+
+    with torch.no_grad():
+        start = time.perf_counter()
+        out = once()
+        if q_r.device.type == "cuda":
+            torch.cuda.synchronize(q_r.device)
+        first = time.perf_counter() - start
+        counts = [None] * world
+        dist.all_gather_object(counts, max(3, int(budget_s / max(first, 1e-6))))
+        dist.barrier()
+        timing = bench.time_stats(once, device=q_r.device, warmup=1, repeat=min(min(counts), 50), number=1)
+    return {"seconds": timing.median, "min": timing.min, "max": max(timing.samples), "out": out.cpu(),
+            "threads": torch.get_num_threads()}
 
 
 def memory_worker(q: Tensor, k: Tensor, v: Tensor, method: str = "ring", is_causal: bool = False) -> int:

@@ -4,6 +4,9 @@ checked against the multi-process run."""
 
 from __future__ import annotations
 
+import contextlib
+import sys
+
 import torch
 import torch.nn.functional as F
 
@@ -23,6 +26,38 @@ from . import unanswered as unanswered
 
 __all__ = ["check_add_sink", "check_step_work", "check_zigzag_owner", "check_simulated_ulysses",
            "check_ring_backward"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Package functions an exercise asks the learner to do without
+# ---------------------------------------------------------------------------------------------
+
+_PACKAGE_MODULES = ("selfattn_lite.distributed", "selfattn_lite.distributed.sharding", "selfattn_lite.distributed.ring")
+
+
+@contextlib.contextmanager
+def _hidden(names: tuple[str, ...], exercise: str, why: str):
+    """While the learner's function runs, the package's ``names`` (as ``dist_attn.X``, or from their own module)
+    raise ExerciseError saying ``why``; restored after. The checker's own references are bound at import and
+    unaffected."""
+    saved = []
+
+    def refuse(name):
+        def refused(*args, **kwargs):
+            raise ExerciseError(f"{exercise} calls dist_attn.{name}, which this exercise asks you to do without: {why}")
+        return refused
+
+    try:
+        for module_name in _PACKAGE_MODULES:
+            module = sys.modules.get(module_name)
+            for name in names:
+                if module is not None and hasattr(module, name):
+                    saved.append((module, name, getattr(module, name)))
+                    setattr(module, name, refuse(name))
+        yield
+    finally:
+        for module, name, fn in reversed(saved):
+            setattr(module, name, fn)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -164,12 +199,17 @@ def check_step_work(fn) -> None:
     """
     cases = [(37, 4, "contiguous"), (37, 4, "zigzag"), (29, 3, "zigzag"), (19, 2, "contiguous"),
              (13, 5, "zigzag"), (10, 5, "zigzag"), (23, 5, "contiguous")]
-    try:
-        attempt(fn, 37, 4, "contiguous")
-    except NotAttempted:
-        return not_attempted("step_work")
+    hide = _hidden(("ring_tiles", "causal_work"), "step_work",
+                   "classify each (query run, key run) tile yourself from the runs shard_segments gives (skipped "
+                   "when every key comes after every query); ring_tiles is what the checker compares with")
+    with hide:
+        try:
+            attempt(fn, 37, 4, "contiguous")
+        except NotAttempted:
+            return not_attempted("step_work")
+        answers = {(L, W, layout): attempt(fn, L, W, layout) for L, W, layout in cases}
     for L, W, layout in cases:
-        got = attempt(fn, L, W, layout)
+        got = answers[(L, W, layout)]
         if isinstance(got, torch.Tensor):
             got = got.tolist()
         if (not isinstance(got, list | tuple) or len(got) != W
@@ -250,8 +290,8 @@ _OWNER_MESSAGES = {
     "swapped": "the pair is the wrong way round: return (rank, row)",
     "global_row": "row is the index in the rank's own shard (its early chunk, then its late chunk), not the "
                   "global position",
-    "mod": "chunk c >= W belongs to rank 2W − 1 − c (the first paired with the last), not to rank c − W",
-    "partner": "off by one: chunk c >= W belongs to rank 2W − 1 − c (chunks count from 0)",
+    "mod": "chunk i >= W belongs to rank 2W − 1 − i (the first paired with the last), not to rank i − W",
+    "partner": "off by one: chunk i >= W belongs to rank 2W − 1 − i (chunks count from 0)",
     "late_row": "a late chunk's rows come after the rank's early chunk in its shard: add the early chunk's length",
     "even": "L is not divisible by 2W here: the first L mod 2W chunks are one row longer, which moves every "
             "chunk's start",
@@ -263,14 +303,18 @@ def check_zigzag_owner(fn) -> None:
     zig-zag layout, and at which row of its shard (early chunk first, then late chunk, as ``shard`` lays them
     out). Every position of several lengths, most not divisible by 2W, and W = 1."""
     cases = [(37, 4), (16, 4), (11, 3), (13, 2), (8, 4), (101, 5), (7, 1)]
-    try:
-        attempt(fn, 0, 16, 4)
-    except NotAttempted:
-        return not_attempted("zigzag_owner")
+    hide = _hidden(("shard_indices", "shard_segments", "shard_lengths", "shard", "unshard"), "zigzag_owner",
+                   "work from L and W (the 2W chunks, the first L mod 2W of them one row longer, and which rank "
+                   "holds chunk i); reading the position off a rank's shard is a look-up, not the layout")
+    with hide:
+        try:
+            attempt(fn, 0, 16, 4)
+        except NotAttempted:
+            return not_attempted("zigzag_owner")
+        answers = {(L, W): [attempt(fn, p, L, W) for p in range(L)] for L, W in cases}
     for L, W in cases:
         got = []
-        for p in range(L):
-            pair = attempt(fn, p, L, W)
+        for p, pair in enumerate(answers[(L, W)]):
             if not isinstance(pair, tuple | list) or len(pair) != 2:
                 raise ExerciseError(f"zigzag_owner({p}, {L}, {W}) should return a pair (rank, row), got {pair!r}")
             got.append(tuple(int(x) for x in pair))
@@ -286,7 +330,7 @@ def check_zigzag_owner(fn) -> None:
     L, W = 37, 4
     last = _owners(L, W)[-1]
     assert last[0] == 0 and _owners(L, W)[0] == (0, 0)
-    return passed(f"chunk c < W is rank c's, chunk c >= W rank 2W − 1 − c's, after its early chunk. At L = {L}, "
+    return passed(f"chunk i < W is rank i's, chunk i >= W rank 2W − 1 − i's, after its early chunk. At L = {L}, "
                   f"W = {W} the last position, whose logits sample the next token, is row {last[1]} of rank "
                   f"{last[0]}, the rank that holds position 0 too (in the contiguous layout it is on rank {W - 1})")
 

@@ -95,6 +95,14 @@ RIGHT["step_work"] = nb14.check_step_work, work_right
 RIGHT["step_work_tensor"] = nb14.check_step_work, lambda L, W, lay: torch.tensor(work_right(L, W, lay))
 
 
+def _work_by_ring_tiles(L, W, layout):                          # the package's tiles summed: a look-up
+    from selfattn_lite import distributed as dist_attn
+    runs = [dist_attn.shard_segments(L, r, W, layout=layout) for r in range(W)]
+    return [[sum((t.rows.stop - t.rows.start) * (t.cols.stop - t.cols.start)
+                 for t in dist_attn.ring_tiles(runs[r], runs[(r - s) % W], is_causal=True)) for r in range(W)]
+            for s in range(W)]
+
+
 def _work(rule, schedule=lambda r, s, W: (r - s) % W):
     def fn(L, W, layout):
         runs = [shard_segments(L, r, W, layout=layout) for r in range(W)]
@@ -124,6 +132,7 @@ def _one_tile(L, W, layout):
     (_work(lambda qa, qb, ka, kb: _whole(qa, qb, ka, kb) * (ka < qa)), "only partly masked"),   # diagonal skipped
     (lambda L, W, lay: [row[::-1] for row in work_right(L, W, lay)], "at step"),
     (lambda L, W, lay: work_right(L, W, lay)[:-1], "one per step"),
+    (_work_by_ring_tiles, "classify each (query run, key run) tile yourself"),
 ])
 def test_step_work_diagnoses(wrong, fragment):
     expect_error(nb14.check_step_work, wrong, fragment)
@@ -155,8 +164,12 @@ def owner_right(p, L, W):
 
 
 RIGHT["zigzag_owner"] = nb14.check_zigzag_owner, owner_right
-RIGHT["zigzag_owner_search"] = nb14.check_zigzag_owner, lambda p, L, W: next(   # by search over the shards
-    (r, row) for r in range(W) for row, q in enumerate(shard_indices(L, r, W, layout="zigzag").tolist()) if q == p)
+
+
+def _owner_by_search(p, L, W):                                  # a look-up over the shards, not the layout
+    from selfattn_lite import distributed as dist_attn
+    return next((r, row) for r in range(W)
+                for row, q in enumerate(dist_attn.shard_indices(L, r, W, layout="zigzag").tolist()) if q == p)
 
 
 def _owner(partner, late_offset=True, sizes=None):
@@ -188,7 +201,8 @@ def _even(L, parts):
     (_contiguous_owner, "contiguous split"),
     (lambda p, L, W: owner_right(p, L, W)[::-1], "wrong way round"),
     (lambda p, L, W: (owner_right(p, L, W)[0], p), "not the global position"),
-    (_owner(lambda c, W: c - W), "not to rank c − W"),
+    (_owner(lambda c, W: c - W), "not to rank i − W"),
+    (_owner_by_search, "work from L and W"),
     (_owner(lambda c, W: 2 * W - c), "off by one"),
     (_owner(lambda c, W: 2 * W - 1 - c, late_offset=False), "add the early chunk's length"),
     (_owner(lambda c, W: 2 * W - 1 - c, sizes=_even), "one row longer"),
@@ -197,6 +211,16 @@ def _even(L, parts):
 ])
 def test_zigzag_owner_diagnoses(wrong, fragment):
     expect_error(nb14.check_zigzag_owner, wrong, fragment)
+
+
+def test_the_hidden_package_functions_come_back_after_a_check():
+    from selfattn_lite import distributed as dist_attn
+    from selfattn_lite.distributed import ring, sharding
+    before = (dist_attn.ring_tiles, ring.ring_tiles, dist_attn.shard_indices, sharding.shard_segments)
+    expect_error(nb14.check_step_work, _work_by_ring_tiles, "ring_tiles")
+    expect_error(nb14.check_zigzag_owner, _owner_by_search, "shard_indices")
+    assert (dist_attn.ring_tiles, ring.ring_tiles, dist_attn.shard_indices, sharding.shard_segments) == before
+    assert dist_attn.shard_lengths(37, 4) == [10, 9, 9, 9]
 
 
 def test_zigzag_owner_message_is_the_layout(capsys):

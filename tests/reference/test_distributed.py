@@ -430,6 +430,33 @@ def test_a_failing_rank_raises_with_its_traceback_and_a_hung_one_times_out():
     _no_children_left()
 
 
+@pytest.mark.parametrize("layout,is_causal", [("zigzag", True), ("contiguous", True), ("contiguous", False)])
+def test_rank_tiles_are_the_rings_rows(layout, is_causal):
+    """Notebook 14's timing rows: a rank's tiles against every block, no transfer, give its rows of attention."""
+    from selfattn_lite.course.distributed_cli import rank_tiles
+
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 23, 8, generator=gen, dtype=torch.float64) for _ in range(3))
+    W = 3
+    segs = [D.shard_segments(23, r, W, layout=layout) for r in range(W)]
+    ks, vs = ([D.shard(t, r, W, layout=layout) for r in range(W)] for t in (k, v))
+    rows = [rank_tiles(D.shard(q, r, W, layout=layout), ks, vs, segs, r, is_causal) for r in range(W)]
+    torch.testing.assert_close(D.unshard(rows, layout=layout), F.scaled_dot_product_attention(q, k, v, is_causal=is_causal))
+
+
+def test_tiles_worker_times_the_rings_tiles_on_every_rank_at_once():
+    from selfattn_lite.course.distributed_cli import tiles_worker
+
+    gen = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(1, 2, 64, 8, generator=gen) for _ in range(3))
+    per_rank = D.launch(tiles_worker, 2, q, k, v, True, "zigzag", 0.05)
+    _no_children_left()
+    got = D.unshard([r["out"] for r in per_rank], layout="zigzag")
+    torch.testing.assert_close(got, F.scaled_dot_product_attention(q, k, v, is_causal=True), atol=1e-5, rtol=1e-5)
+    for r in per_rank:
+        assert 0 < r["min"] <= r["seconds"] <= r["max"] and r["threads"] >= 1
+
+
 def test_peak_memory_of_a_rank_is_a_fraction_of_one_process():
     from selfattn_lite import attention
     from selfattn_lite.course.distributed_cli import memory_worker
@@ -527,3 +554,48 @@ def test_the_lm_head_count_is_what_torch_cross_entropy_holds(upcast):
     head = D.max_sequence_length(1, 80, **kw, vocab_size=V, loss_itemsize=c)["bytes_per_token"]["single"] - 64 * 2
     assert head == V * (2 + 3 * c)
     assert abs((2 * N * V + peak) - N * head) < 0.01 * N * head      # the logits themselves + what the loss adds
+
+
+# ----------------------------------------------------------------------------- the ring's cost model (notebook 14)
+
+def _forward_finish(work):
+    """Notebook 14's recurrence: a rank starts step s + 1 when its own tiles of step s are done and both
+    neighbours have posted step s (the transfers are posted before the compute); finish after the last step."""
+    W, start = len(work), [0] * len(work)
+    for s in range(W - 1):
+        start = [max(start[r] + work[s][r], start[(r - 1) % W], start[(r + 1) % W]) for r in range(W)]
+    return [start[r] + work[W - 1][r] for r in range(W)]
+
+
+def _backward_finish(work):
+    """The backward's: the dK, dV hop is posted after the tiles and waited at once, so a rank's next step
+    waits for its neighbours' tiles too."""
+    W, t = len(work), [0] * len(work)
+    for s in range(W):
+        end = [t[r] + work[s][r] for r in range(W)]
+        t = [max(end[r], end[(r - 1) % W], end[(r + 1) % W]) for r in range(W)]
+    return t
+
+
+def test_the_ring_replayed_with_sleeps_finishes_where_notebook_14s_recurrence_says():
+    """Contiguous causal, L = 37, W = 4: the forward ends at the slowest rank's total (333 units), not at the
+    per-step-barrier bound (370); rank 0, whose own work is 100, finishes at 171, held by its neighbours;
+    the backward, whose dK/dV hop waits at once, reaches the barrier bound."""
+    from ring_replay import replay_worker
+
+    from selfattn_lite.exercises.nb14 import _work_table
+    work = _work_table(37, 4, "contiguous")
+    totals = [sum(col) for col in zip(*work)]
+    barrier = sum(max(row) for row in work)
+    forward, backward = _forward_finish(work), _backward_finish(work)
+    assert forward == [171, 171, 252, 333] and max(forward) == max(totals) == 333 and totals[0] == 100
+    assert barrier == 370 and max(backward) == barrier
+    unit = 2e-3                                                      # seconds per tile score
+    measured = D.launch(replay_worker, 4, work, unit, 3)
+    _no_children_left()
+    fwd, bwd = [m[0] / unit for m in measured], [m[1] / unit for m in measured]
+    slack = 0.1 * barrier                                            # gloo's own time per step, the scheduler
+    assert all(abs(got - want) < slack for got, want in zip(fwd, forward)), (fwd, forward)
+    assert max(fwd) < (max(forward) + barrier) / 2, (fwd, barrier)   # nearer the recurrence than the barrier
+    assert all(abs(got - want) < slack for got, want in zip(bwd, backward)), (bwd, backward)
+    assert max(bwd) > (max(forward) + barrier) / 2, (bwd, forward)
