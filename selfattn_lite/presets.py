@@ -169,11 +169,12 @@ PRESETS: dict[str, ModelPreset] = {p.name: p for p in [
                 kv_lora_rank=512, qk_rope_head_dim=64, v_head_dim=128),
     ModelPreset("DeepSeek-V3", 61, 7168, 128, 128, 192, 18432, 129280, 163840, 671_026_404_352, "MLA",
                 kv_lora_rank=512, qk_rope_head_dim=64, v_head_dim=128),
-    # Cross-layer KV sharing: the text decoder of Gemma 3n E4B (transformers' Gemma3nTextConfig, whose
-    # defaults are the E4B configuration): 35 layers, every 5th global and the others a 512-token sliding
-    # window, 2 K/V heads of 256. The last num_kv_shared_layers = 15 layers reuse the cache of the last
-    # earlier layer of their type, so 20 layers (16 sliding, 4 global) hold a cache. n_params: the text
-    # decoder (Gemma3nForCausalLM, per-layer embeddings included) instantiated from that config.
+    # Cross-layer KV sharing: the text decoder of Gemma 3n E4B (the defaults of transformers'
+    # Gemma3nTextConfig, whose docstring says they yield a configuration "similar" to google/gemma-3n-E4B's):
+    # 35 layers, every 5th global and the others a 512-token sliding window, 2 K/V heads of 256. The last
+    # num_kv_shared_layers = 15 layers reuse the cache of the last earlier layer of their type, so 20 layers
+    # (16 sliding, 4 global) hold a cache. n_params: the text decoder (Gemma3nForCausalLM, per-layer
+    # embeddings included) instantiated from that config.
     ModelPreset("Gemma-3n-E4B", 35, 2048, 8, 2, 256, 16384, 262400, 32768, 6_835_235_568, "GQA",
                 kv_layers=20, sliding_kv_layers=16, sliding_window=512),
 ]}
