@@ -49,7 +49,7 @@ def draw_tile_plan(n: int, block_size: int, *, is_causal: bool = True, window: i
         FigureCanvasAgg(fig)
         ax = fig.add_subplot()
 
-    # element colours: white (not done yet / skipped), tile colour (computed), grey (masked inside a tile)
+    # element colours: white (not visited yet / skipped), tile colour (computed), grey (masked inside a tile)
     image = np.ones((n, n, 3))
     rgb = {key: np.array([int(c[i:i + 2], 16) / 255 for i in (1, 3, 5)]) for key, c in TILE_COLORS.items()}
     for t in range(min(step + 1, total)):
@@ -84,11 +84,14 @@ def draw_tile_plan(n: int, block_size: int, *, is_causal: bool = True, window: i
     computed = int((plan != TileKind.SKIP).sum())
     ax.set_title(title or f"n={n}, block={block_size}: {computed} of {total} tiles computed, "
                           f"{total - computed} skipped", fontsize=9)
-    ax.legend(handles=[Patch(color=TILE_COLORS[TileKind.FULL], label="computed, no mask"),
-                       Patch(color=TILE_COLORS[TileKind.PARTIAL], label="computed, masked inside"),
-                       Patch(facecolor="white", edgecolor="#999999", hatch="//", label="skipped"),
-                       Patch(color=TILE_COLORS["masked"], label="masked element")],
-              loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2, fontsize=8, frameon=False)
+    handles = [Patch(color=TILE_COLORS[TileKind.FULL], label="computed, no mask"),
+               Patch(color=TILE_COLORS[TileKind.PARTIAL], label="computed, masked inside"),
+               Patch(facecolor="white", edgecolor="#999999", hatch="//", label="skipped"),
+               Patch(color=TILE_COLORS["masked"], label="masked element")]
+    if step < total:                                     # mid-loop: the current tile, and the tiles still ahead
+        handles += [Patch(facecolor="white", edgecolor=TILE_COLORS["current"], linewidth=2, label="current tile"),
+                    Patch(facecolor="white", edgecolor="#333333", linewidth=0.6, label="not visited yet")]
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2, fontsize=8, frameon=False)
     return ax
 
 

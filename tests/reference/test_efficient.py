@@ -342,6 +342,10 @@ def test_draw_tile_plan_and_figures():
 
     ax = draw_tile_plan(20, 6, is_causal=True, step=3)
     assert "10 of 16 tiles computed" in ax.get_title()
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert labels[-2:] == ["current tile", "not visited yet"]          # mid-loop: the white tiles are named
+    done = draw_tile_plan(20, 6, is_causal=True)                         # finished: no current tile, none ahead
+    assert "not visited yet" not in [t.get_text() for t in done.get_legend().get_texts()]
     for name, draw in FIGURES.items():
         fig = draw()
         assert fig.axes and name.startswith("efficient_")
